@@ -1,0 +1,118 @@
+"""How events become bytes: a pydantic Mapper and an orjson Transcoder for eventsourcing.
+
+The stored topic is the event's wire name, not its Python path. The stored
+state is the event's JSON payload without ``originator_id`` and
+``originator_version`` (the recorder keeps those in their own columns).
+Reading validates the payload against the event's schema, after upcasting an
+old ``class_version``; anything that does not validate is refused with an error
+that names the event and the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+from uuid import UUID
+
+import orjson
+from eventsourcing.domain import DomainEventProtocol
+from eventsourcing.persistence import Mapper, StoredEvent, Transcoder
+from pydantic import ValidationError
+
+from little_es.errors import EventPayloadError, UnknownEventTypeError
+from little_es.events import Event, event_class_for
+
+_ORIGINATOR_FIELDS = frozenset({"originator_id", "originator_version"})
+
+
+class OrjsonTranscoder(Transcoder):
+    """JSON bytes through orjson; payloads are already JSON-mode dumps of pydantic models."""
+
+    def encode(self, obj: Any) -> bytes:
+        """Encode a JSON-compatible object."""
+        return orjson.dumps(obj)
+
+    def decode(self, data: bytes) -> Any:
+        """Decode JSON bytes."""
+        return orjson.loads(data)
+
+
+class PydanticMapper(Mapper[UUID]):
+    """Maps little_es events (frozen pydantic models) to and from eventsourcing's StoredEvent."""
+
+    def to_stored_event(self, domain_event: DomainEventProtocol[UUID]) -> StoredEvent:
+        """Serialise an event; its topic is its wire name."""
+        event = cast(Event, domain_event)
+        wire_name = type(event).wire_name
+        if not wire_name:
+            raise TypeError(
+                f"{type(event).__qualname__} has no wire_name: set"
+                " `wire_name: ClassVar[str] = \"...\"` on the class to make it storable"
+            )
+        state = event.model_dump(mode="json", exclude=_ORIGINATOR_FIELDS)
+        if type(event).class_version > 1:
+            state["class_version"] = type(event).class_version
+        data = self.transcoder.encode(state)
+        if self.compressor:
+            data = self.compressor.compress(data)
+        if self.cipher:
+            data = self.cipher.encrypt(data)
+        return StoredEvent(
+            originator_id=event.originator_id,
+            originator_version=event.originator_version,
+            topic=wire_name,
+            state=data,
+        )
+
+    def to_domain_event(self, stored_event: StoredEvent) -> DomainEventProtocol[UUID]:
+        """Deserialise, upcast and validate a stored event."""
+        return cast(DomainEventProtocol[UUID], self.decode(stored_event))
+
+    def decode(self, stored: StoredEvent) -> Event:
+        """Like :meth:`to_domain_event`, typed for little_es callers."""
+        cls = event_class_for(stored.topic)
+        if cls is None:
+            raise UnknownEventTypeError(
+                f"stored event {stored.topic!r} (stream {stored.originator_id}, version"
+                f" {stored.originator_version}) has no registered event class: import the"
+                " module that defines it before reading this log"
+            )
+        data = stored.state
+        if self.cipher:
+            data = self.cipher.decrypt(data)
+        if self.compressor:
+            data = self.compressor.decompress(data)
+        try:
+            state = self.transcoder.decode(data)
+        except orjson.JSONDecodeError as exc:
+            raise EventPayloadError(
+                f"stored event {stored.topic!r} (stream {stored.originator_id}, version"
+                f" {stored.originator_version}) is not valid JSON: {exc}; the log is corrupt"
+            ) from exc
+        if not isinstance(state, dict):
+            raise EventPayloadError(
+                f"stored event {stored.topic!r} (stream {stored.originator_id}, version"
+                f" {stored.originator_version}) is not a JSON object; the log is corrupt"
+            )
+        from_version = state.pop("class_version", 1)
+        while from_version < cls.class_version:
+            upcast = getattr(cls, f"upcast_v{from_version}_v{from_version + 1}", None)
+            if upcast is None:
+                raise EventPayloadError(
+                    f"{cls.__qualname__} is at class_version {cls.class_version} but has no"
+                    f" upcast_v{from_version}_v{from_version + 1}() for a stored version"
+                    f" {from_version} payload: add it"
+                )
+            upcast(state)
+            from_version += 1
+        state["originator_id"] = stored.originator_id
+        state["originator_version"] = stored.originator_version
+        try:
+            return cls.model_validate(state)
+        except ValidationError as exc:
+            fields = ", ".join(
+                ".".join(str(p) for p in err["loc"]) + f" ({err['msg']})" for err in exc.errors()
+            )
+            raise EventPayloadError(
+                f"stored event {stored.topic!r} (stream {stored.originator_id}, version"
+                f" {stored.originator_version}) has a malformed payload: {fields}"
+            ) from exc

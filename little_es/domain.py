@@ -1,0 +1,289 @@
+"""The three aggregates: ``Run``, ``HarnessSession`` and ``OuterLoop``.
+
+An aggregate is a stream of events with a version. Commands go through
+:meth:`Aggregate.trigger`, which stamps the next version, applies the event to
+the aggregate's state and queues it; :meth:`little_es.world.World.save` appends
+the queued events in one transaction, and a concurrent writer at the same
+version loses with :class:`~little_es.errors.ConcurrencyConflictError`.
+
+These classes satisfy eventsourcing's aggregate protocol (``id``, ``version``,
+``collect_events()``), so the eventsourcing Application saves, snapshots and
+reconstructs them, while their events stay frozen pydantic models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any, ClassVar, Self, TypeVar
+from uuid import UUID
+
+from little_es.events import (
+    Event,
+    HarnessEvent,
+    ModelCalled,
+    ModelResponded,
+    OuterLoopCycleCompleted,
+    OuterLoopCycleStarted,
+    OuterLoopEvent,
+    RunEvent,
+    SessionCompleted,
+    SessionStarted,
+    Snapshot,
+    ToolCallFailed,
+    ToolCallStarted,
+    ToolCallSucceeded,
+    utc_now,
+)
+from little_es.ids import outer_loop_stream_id, run_stream_id, session_stream_id
+from little_es.materialize import MaterializedRunState, RunFold, apply
+
+E = TypeVar("E", bound=Event)
+
+
+class Aggregate:
+    """Base class: an id, a version, state folded from events, and events not yet saved."""
+
+    type_name: ClassVar[str] = ""
+    event_base: ClassVar[type[Event]] = Event
+
+    def __init__(self, id: UUID) -> None:  # noqa: A002 - eventsourcing's protocol name
+        self.id = id
+        self.version = 0
+        self.created_on: datetime | None = None
+        self.modified_on: datetime | None = None
+        self._pending: list[Event] = []
+
+    def trigger(self, event_class: type[E], **fields: Any) -> E:
+        """Create the next event of this stream, apply it, and queue it for saving."""
+        if not issubclass(event_class, self.event_base):
+            raise TypeError(
+                f"{event_class.__qualname__} is not a {self.event_base.__qualname__}:"
+                f" it cannot be recorded on a {self.type_name} stream"
+            )
+        event = event_class(
+            originator_id=self.id,
+            originator_version=self.version + 1,
+            timestamp=utc_now(),
+            **fields,
+        )
+        self.mutate(event)
+        self._pending.append(event)
+        return event
+
+    def mutate(self, event: Event) -> None:
+        """Apply a stored or new event; versions must follow one another."""
+        if isinstance(event, Snapshot):
+            self.restore(event.state)
+        elif event.originator_version != self.version + 1:
+            raise ValueError(
+                f"{self.type_name} {self.id}: event version {event.originator_version} does not"
+                f" follow version {self.version}"
+            )
+        else:
+            self.apply(event)
+        if self.created_on is None:
+            self.created_on = event.timestamp
+        self.version = event.originator_version
+        self.modified_on = event.timestamp
+
+    def apply(self, event: Event) -> None:
+        """Fold ``event`` into this aggregate's state."""
+        raise NotImplementedError
+
+    def snapshot_state(self) -> dict[str, Any]:
+        """JSON-compatible state for a snapshot (``restore`` must accept it)."""
+        raise NotImplementedError
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Load state written by :meth:`snapshot_state`."""
+        raise NotImplementedError
+
+    def collect_events(self) -> list[Event]:
+        """Take the queued events (eventsourcing's protocol)."""
+        events, self._pending = self._pending, []
+        return events
+
+    @property
+    def pending_events(self) -> tuple[Event, ...]:
+        """Events triggered but not yet saved."""
+        return tuple(self._pending)
+
+    @classmethod
+    def from_events(cls, id: UUID, events: Iterable[Event]) -> Self:  # noqa: A002
+        """Reconstruct from a stream (optionally starting with a snapshot)."""
+        aggregate = cls.__new__(cls)
+        Aggregate.__init__(aggregate, id)
+        aggregate._init_state()
+        for event in events:
+            aggregate.mutate(event)
+        return aggregate
+
+    def _init_state(self) -> None:
+        raise NotImplementedError
+
+    def take_snapshot(self) -> Snapshot:
+        """A snapshot of the current state at the current version."""
+        return Snapshot(
+            originator_id=self.id,
+            originator_version=self.version,
+            timestamp=self.modified_on or utc_now(),
+            aggregate=self.type_name,
+            state=self.snapshot_state(),
+        )
+
+
+class Run(Aggregate):
+    """One run of a workflow. Its state is the reducer's fold of its own stream."""
+
+    type_name = "Run"
+    event_base = RunEvent
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(run_stream_id(run_id))
+        self._init_state()
+        self.fold.run_id = run_id
+
+    def _init_state(self) -> None:
+        self.fold = RunFold()
+
+    @property
+    def run_id(self) -> str | None:
+        """The run id, known once ``RunStarted`` is folded (or given at creation)."""
+        return self.fold.run_id
+
+    def apply(self, event: Event) -> None:
+        """Fold through the one reducer."""
+        apply(self.fold, event)
+
+    def snapshot_state(self) -> dict[str, Any]:
+        """The materialized state of the run stream, as JSON."""
+        return self.fold.freeze().model_dump(mode="json")
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue the fold from a snapshot's materialized state."""
+        self.fold = RunFold.from_state(MaterializedRunState.model_validate(state))
+
+
+class HarnessSession(Aggregate):
+    """One attempt of an agent step: every model call and tool call it made.
+
+    The state is the memo a resumed session fast-forwards through: responses
+    by turn, tool results by call id, and the calls still in flight.
+    """
+
+    type_name = "HarnessSession"
+    event_base = HarnessEvent
+
+    def __init__(self, run_id: str, step_path: str, attempt: int) -> None:
+        super().__init__(session_stream_id(run_id, step_path, attempt))
+        self._init_state()
+
+    def _init_state(self) -> None:
+        self.started: SessionStarted | None = None
+        self.called: dict[int, ModelCalled] = {}
+        self.responses: dict[int, ModelResponded] = {}
+        self.tool_calls: dict[str, ToolCallStarted] = {}
+        self.tool_results: dict[str, ToolCallSucceeded | ToolCallFailed] = {}
+        self.completed: SessionCompleted | None = None
+
+    def apply(self, event: Event) -> None:
+        """Index the event by turn or call id."""
+        match event:
+            case ModelCalled():
+                self.called[event.turn] = event
+            case ModelResponded():
+                self.responses[event.turn] = event
+            case ToolCallStarted():
+                self.tool_calls[event.call_id] = event
+            case ToolCallSucceeded() | ToolCallFailed():
+                self.tool_results[event.call_id] = event
+            case SessionStarted():
+                self.started = event
+            case SessionCompleted():
+                self.completed = event
+            case _:
+                pass
+
+    def snapshot_state(self) -> dict[str, Any]:
+        """Every indexed event, as JSON."""
+
+        def dump(e: Event) -> dict[str, Any]:
+            return {"wire_name": e.wire_name, **e.model_dump(mode="json")}
+
+        return {
+            "events": [
+                dump(e)
+                for e in sorted(
+                    [
+                        *([self.started] if self.started else []),
+                        *self.called.values(),
+                        *self.responses.values(),
+                        *self.tool_calls.values(),
+                        *self.tool_results.values(),
+                        *([self.completed] if self.completed else []),
+                    ],
+                    key=lambda e: e.originator_version,
+                )
+            ]
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Re-index the events a snapshot holds."""
+        from little_es.events import event_class_for
+
+        self._init_state()
+        for item in state["events"]:
+            data = dict(item)
+            cls = event_class_for(data.pop("wire_name"))
+            if cls is None:  # pragma: no cover - the catalogue is fixed
+                raise ValueError("unknown event in a harness session snapshot")
+            self.apply(cls.model_validate(data))
+
+
+class OuterLoop(Aggregate):
+    """An outer improvement loop: its cycles, each one run."""
+
+    type_name = "OuterLoop"
+    event_base = OuterLoopEvent
+
+    def __init__(self, outer_loop_id: str) -> None:
+        super().__init__(outer_loop_stream_id(outer_loop_id))
+        self._init_state()
+
+    def _init_state(self) -> None:
+        self.cycles: dict[int, OuterLoopCycleStarted] = {}
+        self.cycle_results: dict[int, OuterLoopCycleCompleted] = {}
+
+    @property
+    def pending_cycle_run_id(self) -> str | None:
+        """The run of the cycle that started and has not completed, if any."""
+        for cycle, started in sorted(self.cycles.items()):
+            if cycle not in self.cycle_results:
+                return started.run_id
+        return None
+
+    def apply(self, event: Event) -> None:
+        """Track cycles."""
+        match event:
+            case OuterLoopCycleStarted():
+                self.cycles[event.cycle] = event
+            case OuterLoopCycleCompleted():
+                self.cycle_results[event.cycle] = event
+            case _:
+                pass
+
+    def snapshot_state(self) -> dict[str, Any]:
+        """Cycles as JSON."""
+        return {
+            "cycles": [e.model_dump(mode="json") for e in self.cycles.values()],
+            "results": [e.model_dump(mode="json") for e in self.cycle_results.values()],
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Load cycles from a snapshot."""
+        self._init_state()
+        for c in state["cycles"]:
+            self.apply(OuterLoopCycleStarted.model_validate(c))
+        for r in state["results"]:
+            self.apply(OuterLoopCycleCompleted.model_validate(r))

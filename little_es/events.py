@@ -1,0 +1,356 @@
+"""The event catalogue: every fact little_es records, as frozen pydantic models.
+
+Each concrete event class has a stable ``wire_name`` (``StepCompleted``,
+``harness.model.called``, ...). The wire name is what is stored as the event's
+topic, shown by ``little events`` and exported; it does not depend on the
+Python module or class name, so code can be moved without rewriting history.
+
+Three streams (aggregates, see :mod:`little_es.domain`) carry these events:
+
+* ``Run`` - :class:`RunStarted`, :class:`StepStarted`, :class:`StepCompleted`,
+  :class:`StepFailed`, :class:`ParallelBranchScheduled`,
+  :class:`SubRunReserved`, :class:`RunCompleted`, :class:`RunFailed`, and
+  user-defined subclasses of :class:`RunEvent`.
+* ``HarnessSession`` (one per attempt of an agent step) - the ``harness.*``
+  events.
+* ``OuterLoop`` - the ``outer_loop.*`` events.
+
+Schema changes never edit stored history. Bump ``class_version`` on the class
+and add a static method ``upcast_v{N}_v{N+1}(state: dict) -> None`` that turns
+an old stored payload into the next shape; the codec applies them on read.
+
+A user extends the run's domain model by subclassing :class:`RunEvent`::
+
+    class ApprovalRequested(RunEvent):
+        wire_name: ClassVar[str] = "ApprovalRequested"
+        approver: str
+
+    world.record_run_event("run_42", ApprovalRequested, approver="ops")
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, ClassVar, Literal
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from little_es.artifacts import ArtifactRef
+from little_es.harness.messages import JSONValue, Message, ModelResponse, Usage
+
+_BY_WIRE_NAME: dict[str, type[Event]] = {}
+
+
+def utc_now() -> datetime:
+    """The current time, timezone-aware UTC, as events record it."""
+    return datetime.now(UTC)
+
+
+class Event(BaseModel):
+    """Base class of every stored event.
+
+    ``originator_id`` is the stream (aggregate) id, ``originator_version`` the
+    event's position in it (1-based, gapless), ``timestamp`` when it was
+    recorded. Subclasses that set ``wire_name`` are registered so the codec can
+    read them back; a wire name may be registered only once.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    wire_name: ClassVar[str] = ""
+    class_version: ClassVar[int] = 1
+
+    originator_id: UUID
+    originator_version: int = Field(ge=1)
+    timestamp: datetime
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        name = cls.__dict__.get("wire_name")
+        if not name:
+            return
+        existing = _BY_WIRE_NAME.get(name)
+        if existing is not None and existing.__qualname__ != cls.__qualname__:
+            raise TypeError(
+                f"event wire name {name!r} is already used by {existing.__module__}."
+                f"{existing.__qualname__}: give {cls.__qualname__} another wire_name"
+            )
+        _BY_WIRE_NAME[name] = cls
+
+
+def event_class_for(wire_name: str) -> type[Event] | None:
+    """The registered event class for ``wire_name``, or None."""
+    return _BY_WIRE_NAME.get(wire_name)
+
+
+def registered_wire_names() -> tuple[str, ...]:
+    """Every registered wire name, sorted."""
+    return tuple(sorted(_BY_WIRE_NAME))
+
+
+class ErrorInfo(BaseModel):
+    """A recorded failure: exception type, message, and whether a retry can help."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: str
+    message: str
+    retryable: bool = True
+
+    @classmethod
+    def from_exception(cls, exc: BaseException, *, retryable: bool | None = None) -> ErrorInfo:
+        """Describe ``exc``; ``retryable`` defaults to the exception's own flag or True."""
+        flag = getattr(exc, "retryable", True) if retryable is None else retryable
+        return cls(type=type(exc).__qualname__, message=str(exc), retryable=bool(flag))
+
+
+# --------------------------------------------------------------------------- Run
+
+
+StepKind = Literal["task", "agent", "parallel", "decision", "subworkflow"]
+
+
+class RunEvent(Event):
+    """Base class of events on a ``Run`` stream; subclass it for domain events of your own."""
+
+
+class RunStarted(RunEvent):
+    """A run began: which workflow (id, version, IR hash) with which input."""
+
+    wire_name: ClassVar[str] = "RunStarted"
+
+    run_id: str
+    workflow_id: str
+    workflow_version: str
+    ir_hash: str
+    input: JSONValue = None
+    parent_run_id: str | None = None
+    parent_step_path: str | None = None
+
+
+class StepStarted(RunEvent):
+    """A step attempt is about to run (committed before the step's code runs)."""
+
+    wire_name: ClassVar[str] = "StepStarted"
+
+    step_path: str
+    step_id: str
+    kind: StepKind
+    visit: int = Field(ge=1)
+    attempt: int = Field(ge=1)
+    session_id: UUID | None = None
+    """For agent steps: the ``HarnessSession`` stream of this attempt."""
+
+
+class StepCompleted(RunEvent):
+    """A step attempt finished; once committed the step never runs again."""
+
+    wire_name: ClassVar[str] = "StepCompleted"
+
+    step_path: str
+    step_id: str
+    visit: int = Field(ge=1)
+    attempt: int = Field(ge=1)
+    output: JSONValue = None
+    output_ref: ArtifactRef | None = None
+    """Set instead of ``output`` when the output was too large to inline."""
+    artifact_refs: tuple[ArtifactRef, ...] = ()
+    next_step: str | None = None
+    """For decision steps: the id of the step chosen next (or the END marker)."""
+
+
+class StepFailed(RunEvent):
+    """A step attempt failed; ``will_retry`` says whether another attempt follows."""
+
+    wire_name: ClassVar[str] = "StepFailed"
+
+    step_path: str
+    step_id: str
+    visit: int = Field(ge=1)
+    attempt: int = Field(ge=1)
+    error: ErrorInfo
+    will_retry: bool
+
+
+class ParallelBranchScheduled(RunEvent):
+    """A parallel group's branch set, resolved from the run's data, before any branch runs."""
+
+    wire_name: ClassVar[str] = "ParallelBranchScheduled"
+
+    step_path: str
+    step_id: str
+    branch_keys: tuple[str, ...]
+
+
+class SubRunReserved(RunEvent):
+    """A sub-run id reserved (and committed) before the sub-run is started."""
+
+    wire_name: ClassVar[str] = "SubRunReserved"
+
+    step_path: str
+    sub_run_id: str
+    workflow_id: str
+    call_id: str | None = None
+
+
+class RunCompleted(RunEvent):
+    """The run finished; ``output`` is the last step's output (or ``output_ref``)."""
+
+    wire_name: ClassVar[str] = "RunCompleted"
+
+    output: JSONValue = None
+    output_ref: ArtifactRef | None = None
+
+
+class RunFailed(RunEvent):
+    """The run stopped on a step whose retries were exhausted; it can be resumed."""
+
+    wire_name: ClassVar[str] = "RunFailed"
+
+    error: ErrorInfo
+    step_path: str | None = None
+
+
+# ------------------------------------------------------------------ HarnessSession
+
+
+class HarnessEvent(Event):
+    """Base class of events on a ``HarnessSession`` stream."""
+
+
+class SessionStarted(HarnessEvent):
+    """An agent step attempt opened a session; the manifest pins what it may use."""
+
+    wire_name: ClassVar[str] = "harness.session.started"
+
+    run_id: str
+    step_path: str
+    attempt: int = Field(ge=1)
+    manifest: dict[str, JSONValue]
+    manifest_hash: str
+
+
+class ModelCalled(HarnessEvent):
+    """Committed before a model call: the messages added since the previous turn.
+
+    ``conversation_hash`` chains the whole conversation up to and including
+    these messages, so a replayed conversation can be checked against it.
+    """
+
+    wire_name: ClassVar[str] = "harness.model.called"
+
+    turn: int = Field(ge=1)
+    messages: tuple[Message, ...]
+    conversation_hash: str
+
+
+class ModelResponded(HarnessEvent):
+    """The model's answer to turn ``turn``, with its usage (token counts, never cost)."""
+
+    wire_name: ClassVar[str] = "harness.model.responded"
+
+    turn: int = Field(ge=1)
+    response: ModelResponse
+    step_path: str | None = None
+
+
+class ToolCallStarted(HarnessEvent):
+    """Committed before a tool is invoked, with the exact arguments."""
+
+    wire_name: ClassVar[str] = "harness.tool_call.started"
+
+    turn: int = Field(ge=1)
+    call_id: str
+    name: str
+    args: dict[str, JSONValue]
+
+
+class ToolCallSucceeded(HarnessEvent):
+    """A tool call returned ``result``."""
+
+    wire_name: ClassVar[str] = "harness.tool_call.succeeded"
+
+    call_id: str
+    result: JSONValue = None
+
+
+class ToolCallFailed(HarnessEvent):
+    """A tool call raised; the error goes back to the model as the call's result."""
+
+    wire_name: ClassVar[str] = "harness.tool_call.failed"
+
+    call_id: str
+    error: ErrorInfo
+
+
+class SessionCompleted(HarnessEvent):
+    """The session ended. ``usage`` is a rollup of its calls, never folded into totals."""
+
+    wire_name: ClassVar[str] = "harness.session.completed"
+
+    usage: Usage
+    turns: int = Field(ge=0)
+    output: JSONValue = None
+
+
+# ---------------------------------------------------------------------- OuterLoop
+
+
+class OuterLoopEvent(Event):
+    """Base class of events on an ``OuterLoop`` stream."""
+
+
+class OuterLoopStarted(OuterLoopEvent):
+    """An outer improvement loop began."""
+
+    wire_name: ClassVar[str] = "outer_loop.started"
+
+    outer_loop_id: str
+    workflow_id: str
+    max_cycles: int = Field(ge=1)
+
+
+class OuterLoopCycleStarted(OuterLoopEvent):
+    """Cycle ``cycle`` is being run as ``run_id``; the planner manifest pins the cycle."""
+
+    wire_name: ClassVar[str] = "outer_loop.cycle_started"
+
+    cycle: int = Field(ge=1)
+    run_id: str
+    planner_manifest_hash: str
+    outer_loop_context_hash: str
+
+
+class OuterLoopCycleCompleted(OuterLoopEvent):
+    """Cycle ``cycle`` ended with its run in ``status``."""
+
+    wire_name: ClassVar[str] = "outer_loop.cycle_completed"
+
+    cycle: int = Field(ge=1)
+    run_id: str
+    status: Literal["completed", "failed"]
+
+
+class OuterLoopCompleted(OuterLoopEvent):
+    """The outer loop ended after ``cycles`` cycles."""
+
+    wire_name: ClassVar[str] = "outer_loop.completed"
+
+    cycles: int = Field(ge=0)
+
+
+class Snapshot(Event):
+    """The folded state of an aggregate at ``originator_version`` (snapshot store only)."""
+
+    wire_name: ClassVar[str] = "little_es.snapshot"
+
+    aggregate: str
+    state: dict[str, JSONValue]
+
+    @classmethod
+    def take(cls, aggregate: Any) -> Snapshot:
+        """eventsourcing's snapshot hook: ask the aggregate for its snapshot."""
+        snapshot: Snapshot = aggregate.take_snapshot()
+        return snapshot

@@ -1,0 +1,415 @@
+"""The one reducer: ``apply(state, event)`` folds any event of a run's log into its state.
+
+Everything that needs a run's state uses this module: the local runtime keeps
+its live view with :func:`apply`, :func:`little_es.replay.replay_run` folds the
+stored log with :func:`materialize_run_state`, the projection behind
+``little runs`` calls :func:`apply` per event, and the Temporal adapter reuses
+the runtime's code. There is no second implementation.
+
+The fold is kept in a mutable :class:`RunFold` so that each event costs O(1)
+however long the run is; :meth:`RunFold.freeze` returns the immutable
+:class:`MaterializedRunState` handed to users.
+
+Cost rules (the only place a dollar figure is produced):
+
+* each ``harness.model.responded`` is priced from its provider, model and token
+  counts through :func:`little_es.pricing.price_usage`;
+* a call whose model has no price adds nothing to ``cost_usd`` and one to
+  ``unpriced_calls``; a scope's ``cost_usd`` is ``None`` only when it has calls
+  and every one of them was unpriced; with no calls it is a true ``0.0``;
+* ``harness.session.completed`` carries a rollup of the same calls and is never
+  folded, so no call is counted twice.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict
+
+from little_es._frozen import FrozenDict, freeze_json
+from little_es.artifacts import ArtifactRef
+from little_es.events import (
+    ErrorInfo,
+    Event,
+    ModelResponded,
+    ParallelBranchScheduled,
+    RunCompleted,
+    RunFailed,
+    RunStarted,
+    SessionStarted,
+    StepCompleted,
+    StepFailed,
+    StepKind,
+    StepStarted,
+    SubRunReserved,
+)
+from little_es.harness.messages import JSONValue
+from little_es.pricing import price_usage
+
+StepStatus = Literal["pending", "running", "completed", "failed"]
+RunStatus = Literal["pending", "running", "completed", "failed"]
+
+_VISIT_SUFFIX = re.compile(r"@\d+$")
+
+
+def visit_key(step_path: str) -> str:
+    """The (step id, branch path) a visit counts against: the path without its last ``@N``."""
+    return _VISIT_SUFFIX.sub("", step_path)
+
+
+class UsageTotals(BaseModel):
+    """Token and dollar totals of a scope (a step, or the whole run)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost_usd: float | None = 0.0
+    """USD over the priced calls; None only when there were calls and none was priced."""
+    unpriced_calls: int = 0
+    calls: int = 0
+
+
+class StepState(BaseModel):
+    """What the log says about one step path."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    step_path: str
+    step_id: str
+    kind: StepKind | None = None
+    status: StepStatus = "pending"
+    visit: int = 1
+    attempts: int = 0
+    output: JSONValue = None
+    output_ref: ArtifactRef | None = None
+    artifact_refs: tuple[ArtifactRef, ...] = ()
+    next_step: str | None = None
+    error: ErrorInfo | None = None
+    session_ids: tuple[UUID, ...] = ()
+    usage: UsageTotals = UsageTotals()
+
+
+class MaterializedRunState(BaseModel):
+    """A run's state as its log says, immutable all the way down."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run_id: str | None = None
+    workflow_id: str | None = None
+    workflow_version: str | None = None
+    ir_hash: str | None = None
+    parent_run_id: str | None = None
+    status: RunStatus = "pending"
+    input: JSONValue = None
+    output: JSONValue = None
+    output_ref: ArtifactRef | None = None
+    error: ErrorInfo | None = None
+    failed_step_path: str | None = None
+    steps: Mapping[str, StepState] = FrozenDict()
+    """Per step path, in the order the steps were first started."""
+    visits: Mapping[str, int] = FrozenDict()
+    """Committed visits per (step id, branch path), see :func:`visit_key`."""
+    parallel_groups: Mapping[str, tuple[str, ...]] = FrozenDict()
+    """Recorded branch keys per parallel group step path."""
+    pending_decision_target: str | None = None
+    """The target chosen by the most recent committed decision."""
+    sub_run_ids: tuple[str, ...] = ()
+    usage: UsageTotals = UsageTotals()
+    started_at: datetime | None = None
+    updated_at: datetime | None = None
+    completed_at: datetime | None = None
+    event_count: int = 0
+
+
+@dataclass(slots=True)
+class _UsageSum:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost_usd: float = 0.0
+    priced_calls: int = 0
+    unpriced_calls: int = 0
+
+    def add(self, response: ModelResponded) -> None:
+        r = response.response
+        u = r.usage
+        self.input_tokens += u.input_tokens
+        self.output_tokens += u.output_tokens
+        self.cached_input_tokens += u.cached_input_tokens
+        self.reasoning_tokens += u.reasoning_tokens
+        cost = price_usage(r.provider, r.model, u)
+        if cost is None:
+            self.unpriced_calls += 1
+        else:
+            self.priced_calls += 1
+            self.cost_usd += cost
+
+    @classmethod
+    def from_totals(cls, totals: UsageTotals) -> _UsageSum:
+        return cls(
+            input_tokens=totals.input_tokens,
+            output_tokens=totals.output_tokens,
+            cached_input_tokens=totals.cached_input_tokens,
+            reasoning_tokens=totals.reasoning_tokens,
+            cost_usd=totals.cost_usd or 0.0,
+            priced_calls=totals.calls - totals.unpriced_calls,
+            unpriced_calls=totals.unpriced_calls,
+        )
+
+    def freeze(self) -> UsageTotals:
+        calls = self.priced_calls + self.unpriced_calls
+        return UsageTotals(
+            input_tokens=self.input_tokens,
+            output_tokens=self.output_tokens,
+            cached_input_tokens=self.cached_input_tokens,
+            reasoning_tokens=self.reasoning_tokens,
+            cost_usd=None if calls and not self.priced_calls else self.cost_usd,
+            unpriced_calls=self.unpriced_calls,
+            calls=calls,
+        )
+
+
+@dataclass(slots=True)
+class StepFold:
+    """The mutable per-step part of a :class:`RunFold`."""
+
+    step_path: str
+    step_id: str
+    kind: StepKind | None = None
+    status: StepStatus = "pending"
+    visit: int = 1
+    attempts: int = 0
+    output: JSONValue = None
+    output_ref: ArtifactRef | None = None
+    artifact_refs: tuple[ArtifactRef, ...] = ()
+    next_step: str | None = None
+    error: ErrorInfo | None = None
+    session_ids: list[UUID] = field(default_factory=list)
+    usage: _UsageSum = field(default_factory=_UsageSum)
+
+    def freeze(self) -> StepState:
+        """The immutable view of this step."""
+        return StepState.model_construct(
+            step_path=self.step_path,
+            step_id=self.step_id,
+            kind=self.kind,
+            status=self.status,
+            visit=self.visit,
+            attempts=self.attempts,
+            output=freeze_json(self.output),
+            output_ref=self.output_ref,
+            artifact_refs=self.artifact_refs,
+            next_step=self.next_step,
+            error=self.error,
+            session_ids=tuple(self.session_ids),
+            usage=self.usage.freeze(),
+        )
+
+
+@dataclass(slots=True)
+class RunFold:
+    """The reducer's working state. Mutated in place by :func:`apply`; see :meth:`freeze`."""
+
+    run_id: str | None = None
+    workflow_id: str | None = None
+    workflow_version: str | None = None
+    ir_hash: str | None = None
+    parent_run_id: str | None = None
+    status: RunStatus = "pending"
+    input: JSONValue = None
+    output: JSONValue = None
+    output_ref: ArtifactRef | None = None
+    error: ErrorInfo | None = None
+    failed_step_path: str | None = None
+    steps: dict[str, StepFold] = field(default_factory=dict)
+    visits: dict[str, int] = field(default_factory=dict)
+    parallel_groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    pending_decision_target: str | None = None
+    sub_run_ids: list[str] = field(default_factory=list)
+    usage: _UsageSum = field(default_factory=_UsageSum)
+    session_steps: dict[UUID, str] = field(default_factory=dict)
+    started_at: datetime | None = None
+    updated_at: datetime | None = None
+    completed_at: datetime | None = None
+    event_count: int = 0
+
+    @classmethod
+    def from_state(cls, state: MaterializedRunState) -> RunFold:
+        """A fold that continues from a materialized state (a snapshot)."""
+        fold = cls(
+            run_id=state.run_id,
+            workflow_id=state.workflow_id,
+            workflow_version=state.workflow_version,
+            ir_hash=state.ir_hash,
+            parent_run_id=state.parent_run_id,
+            status=state.status,
+            input=state.input,
+            output=state.output,
+            output_ref=state.output_ref,
+            error=state.error,
+            failed_step_path=state.failed_step_path,
+            visits=dict(state.visits),
+            parallel_groups=dict(state.parallel_groups),
+            pending_decision_target=state.pending_decision_target,
+            sub_run_ids=list(state.sub_run_ids),
+            usage=_UsageSum.from_totals(state.usage),
+            started_at=state.started_at,
+            updated_at=state.updated_at,
+            completed_at=state.completed_at,
+            event_count=state.event_count,
+        )
+        for path, s in state.steps.items():
+            fold.steps[path] = StepFold(
+                step_path=path,
+                step_id=s.step_id,
+                kind=s.kind,
+                status=s.status,
+                visit=s.visit,
+                attempts=s.attempts,
+                output=s.output,
+                output_ref=s.output_ref,
+                artifact_refs=s.artifact_refs,
+                next_step=s.next_step,
+                error=s.error,
+                session_ids=list(s.session_ids),
+                usage=_UsageSum.from_totals(s.usage),
+            )
+            for session_id in s.session_ids:
+                fold.session_steps[session_id] = path
+        return fold
+
+    def step(self, step_path: str, step_id: str) -> StepFold:
+        """The fold of ``step_path``, created pending on first sight."""
+        found = self.steps.get(step_path)
+        if found is None:
+            found = self.steps[step_path] = StepFold(step_path=step_path, step_id=step_id)
+        return found
+
+    def freeze(self) -> MaterializedRunState:
+        """The immutable :class:`MaterializedRunState` of everything folded so far."""
+        return MaterializedRunState.model_construct(
+            run_id=self.run_id,
+            workflow_id=self.workflow_id,
+            workflow_version=self.workflow_version,
+            ir_hash=self.ir_hash,
+            parent_run_id=self.parent_run_id,
+            status=self.status,
+            input=freeze_json(self.input),
+            output=freeze_json(self.output),
+            output_ref=self.output_ref,
+            error=self.error,
+            failed_step_path=self.failed_step_path,
+            steps=FrozenDict({p: s.freeze() for p, s in self.steps.items()}),
+            visits=FrozenDict(self.visits),
+            parallel_groups=FrozenDict(self.parallel_groups),
+            pending_decision_target=self.pending_decision_target,
+            sub_run_ids=tuple(self.sub_run_ids),
+            usage=self.usage.freeze(),
+            started_at=self.started_at,
+            updated_at=self.updated_at,
+            completed_at=self.completed_at,
+            event_count=self.event_count,
+        )
+
+
+def apply(state: RunFold, event: Event) -> RunFold:
+    """Fold one event into ``state`` (in place) and return it.
+
+    Events this reducer does not know (a user's own :class:`~little_es.events.RunEvent`
+    subclasses, outer-loop events) only count towards ``event_count``.
+    """
+    state.event_count += 1
+    state.updated_at = event.timestamp
+    match event:
+        case ModelResponded():
+            state.usage.add(event)
+            path = event.step_path or state.session_steps.get(event.originator_id)
+            if path is not None and path in state.steps:
+                state.steps[path].usage.add(event)
+        case StepStarted():
+            step = state.step(event.step_path, event.step_id)
+            step.kind = event.kind
+            step.status = "running"
+            step.visit = event.visit
+            step.attempts = event.attempt
+            step.error = None
+            if event.session_id is not None:
+                step.session_ids.append(event.session_id)
+                state.session_steps[event.session_id] = event.step_path
+            if state.status == "failed":
+                state.status = "running"
+                state.error = None
+                state.failed_step_path = None
+        case StepCompleted():
+            step = state.step(event.step_path, event.step_id)
+            step.status = "completed"
+            step.visit = event.visit
+            step.attempts = event.attempt
+            step.output = event.output
+            step.output_ref = event.output_ref
+            step.artifact_refs = event.artifact_refs
+            step.next_step = event.next_step
+            step.error = None
+            key = visit_key(event.step_path)
+            state.visits[key] = state.visits.get(key, 0) + 1
+            if event.next_step is not None:
+                state.pending_decision_target = event.next_step
+        case StepFailed():
+            step = state.step(event.step_path, event.step_id)
+            step.status = "pending" if event.will_retry else "failed"
+            step.attempts = event.attempt
+            step.error = event.error
+        case SessionStarted():
+            state.session_steps[event.originator_id] = event.step_path
+        case ParallelBranchScheduled():
+            state.parallel_groups[event.step_path] = event.branch_keys
+        case SubRunReserved():
+            state.sub_run_ids.append(event.sub_run_id)
+        case RunStarted():
+            state.run_id = event.run_id
+            state.workflow_id = event.workflow_id
+            state.workflow_version = event.workflow_version
+            state.ir_hash = event.ir_hash
+            state.parent_run_id = event.parent_run_id
+            state.input = event.input
+            state.status = "running"
+            state.started_at = event.timestamp
+        case RunCompleted():
+            state.status = "completed"
+            state.output = event.output
+            state.output_ref = event.output_ref
+            state.completed_at = event.timestamp
+        case RunFailed():
+            state.status = "failed"
+            state.error = event.error
+            state.failed_step_path = event.step_path
+        case _:
+            pass
+    return state
+
+
+def materialize_run_state(events: Iterable[Event]) -> MaterializedRunState:
+    """Fold a run's log (its ``Run`` stream and its harness sessions) into its state."""
+    state = RunFold()
+    for event in events:
+        apply(state, event)
+    return state.freeze()
+
+
+def thaw(value: Any) -> Any:
+    """A plain-``dict``/``list`` copy of a frozen JSON value (for serialising results)."""
+    if isinstance(value, Mapping):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [thaw(v) for v in value]
+    return value

@@ -1,0 +1,337 @@
+"""A World is where runs live: an eventsourcing Application plus an artifact store.
+
+* :func:`local_world` - one SQLite file and content-addressed artifact files
+  under a data directory (the embedded default, ``.little-workflow``);
+* :func:`postgres_world` - eventsourcing's PostgreSQL recorder, artifacts in
+  the same database;
+* :func:`memory_world` - in-process, for tests;
+* :func:`open_world` - any of them from a URL (``sqlite:///path/to/dir``,
+  ``postgresql://...``, ``memory://``), or from ``LITTLE_ES_WORLD``.
+
+The world only ever inserts events. No code path updates or deletes one.
+"""
+
+from __future__ import annotations
+
+import gc
+import heapq
+import os
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import Any, ClassVar, TypeVar
+from urllib.parse import parse_qs, unquote, urlsplit
+from uuid import UUID
+
+from eventsourcing.application import AggregateNotFoundError, Application
+from eventsourcing.persistence import IntegrityError, StoredEvent
+from eventsourcing.utils import get_topic
+
+from little_es.artifacts import (
+    ArtifactStore,
+    FileArtifactStore,
+    MemoryArtifactStore,
+    PostgresArtifactStore,
+)
+from little_es.codec import OrjsonTranscoder, PydanticMapper
+from little_es.domain import Aggregate, HarnessSession, OuterLoop, Run
+from little_es.errors import (
+    ConcurrencyConflictError,
+    EventLogError,
+    RunNotFoundError,
+    WorldConfigError,
+)
+from little_es.events import Event, RunEvent, Snapshot, StepStarted
+from little_es.ids import outer_loop_stream_id, run_stream_id, validate_run_id
+from little_es.leases import FileRunLeases, MemoryRunLeases, PostgresRunLeases, RunLeases
+
+WORLD_ENV_VAR = "LITTLE_ES_WORLD"
+DEFAULT_DATA_DIR = ".little-workflow"
+
+A = TypeVar("A", bound=Aggregate)
+E = TypeVar("E", bound=RunEvent)
+
+# Measured with benchmarks/bench_snapshots.py: see the README's performance table.
+RUN_SNAPSHOT_INTERVAL = 200
+SESSION_SNAPSHOT_INTERVAL = 200
+
+
+def _projector(cls: type[A]) -> Any:
+    def project(aggregate: A | None, events: Any) -> A | None:
+        for event in events:
+            if aggregate is None:
+                aggregate = cls.from_events(event.originator_id, ())
+            aggregate.mutate(event)
+        return aggregate
+
+    return project
+
+
+class LittleApplication(Application[UUID]):
+    """The eventsourcing Application behind every world (pydantic mapper, orjson bytes)."""
+
+    name = "LittleEs"
+    env: ClassVar[dict[str, str]] = {
+        "MAPPER_TOPIC": get_topic(PydanticMapper),
+        "TRANSCODER_TOPIC": get_topic(OrjsonTranscoder),
+    }
+    # Without it eventsourcing raises after the events are committed, on the
+    # first save that reaches a snapshotting interval.
+    snapshot_class = Snapshot
+    snapshotting_intervals: ClassVar[dict[type[Any], int]] = {
+        Run: RUN_SNAPSHOT_INTERVAL,
+        HarnessSession: SESSION_SNAPSHOT_INTERVAL,
+    }
+    snapshotting_projectors: ClassVar[dict[type[Any], Any]] = {
+        Run: _projector(Run),
+        HarnessSession: _projector(HarnessSession),
+        OuterLoop: _projector(OuterLoop),
+    }
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    # Decoding a long stream allocates many small objects that all survive;
+    # the cyclic collector would rescan them again and again for nothing.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+class World:
+    """Runs' event logs and artifacts in one place. Use as a context manager to close it."""
+
+    def __init__(
+        self, app: LittleApplication, artifacts: ArtifactStore, leases: RunLeases, name: str
+    ) -> None:
+        self.app = app
+        self.artifacts = artifacts
+        self.leases = leases
+        self.name = name
+        mapper = app.mapper
+        assert isinstance(mapper, PydanticMapper)
+        self._mapper = mapper
+
+    def __repr__(self) -> str:
+        return f"World({self.name})"
+
+    def __enter__(self) -> World:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close database connections and the artifact store."""
+        self.app.close()
+        self.artifacts.close()
+
+    # ------------------------------------------------------------------ writing
+
+    def save(self, *aggregates: Aggregate) -> None:
+        """Append every aggregate's pending events in one transaction.
+
+        Raises :class:`ConcurrencyConflictError` (and appends nothing) when
+        another writer got to one of these streams first.
+        """
+        try:
+            self.app.save(*aggregates)
+        except IntegrityError as exc:
+            ids = ", ".join(f"{type(a).__name__} {a.id}" for a in aggregates)
+            raise ConcurrencyConflictError(
+                f"another writer appended to {ids} first; nothing was written: reload and retry"
+            ) from exc
+
+    def record_run_event(self, run_id: str, event_class: type[E], **fields: Any) -> E:
+        """Append one event of your own (a :class:`RunEvent` subclass) to a run's stream."""
+        run = self.load_run(run_id)
+        event = run.trigger(event_class, **fields)
+        self.save(run)
+        return event
+
+    # ------------------------------------------------------------------ reading
+
+    def read_stream(self, stream_id: UUID, *, after: int | None = None) -> list[Event]:
+        """Every event of one stream (after version ``after``), in order, validated."""
+        stored = self.app.recorder.select_events(stream_id, gt=after)
+        decode = self._mapper.decode
+        with _gc_paused():
+            return [decode(s) for s in stored]
+
+    def select_stored(self, stream_id: UUID) -> Sequence[StoredEvent]:
+        """The raw stored rows of one stream (for exports and benchmarks)."""
+        return self.app.recorder.select_events(stream_id)
+
+    def run_exists(self, run_id: str) -> bool:
+        """Whether ``run_id`` has a ``Run`` stream in this world."""
+        return bool(self.app.recorder.select_events(run_stream_id(run_id), limit=1))
+
+    def read_run_log(self, run_id: str) -> list[Event]:
+        """The run's event log: its ``Run`` stream merged with its harness sessions' streams.
+
+        Ordered by timestamp (ties: the run stream first, then stream version).
+        Sub-runs are other runs and are never read here.
+        """
+        validate_run_id(run_id)
+        try:
+            run_events = self.read_stream(run_stream_id(run_id))
+            if not run_events:
+                raise RunNotFoundError(run_id, self.name)
+            session_ids = list(
+                dict.fromkeys(
+                    e.session_id
+                    for e in run_events
+                    if isinstance(e, StepStarted) and e.session_id is not None
+                )
+            )
+            streams = [run_events] + [self.read_stream(s) for s in session_ids]
+        except EventLogError as exc:
+            raise type(exc)(f"run {run_id!r} in world {self.name}: {exc}") from exc
+        if len(streams) == 1:
+            return run_events
+        keyed = (
+            [((e.timestamp, rank, e.originator_version), e) for e in stream]
+            for rank, stream in enumerate(streams)
+        )
+        return [e for _, e in heapq.merge(*keyed, key=lambda pair: pair[0])]
+
+    def load_run(self, run_id: str) -> Run:
+        """The ``Run`` aggregate (from its latest snapshot and later events)."""
+        found = self._load(Run, run_stream_id(run_id))
+        if found is None:
+            raise RunNotFoundError(run_id, self.name)
+        return found
+
+    def load_session(self, session_id: UUID) -> HarnessSession | None:
+        """A harness session, or None if it was never started."""
+        return self._load(HarnessSession, session_id)
+
+    def load_outer_loop(self, outer_loop_id: str) -> OuterLoop | None:
+        """An outer loop, or None."""
+        return self._load(OuterLoop, outer_loop_stream_id(outer_loop_id))
+
+    def _load(self, cls: type[A], stream_id: UUID) -> A | None:
+        try:
+            with _gc_paused():
+                found = self.app.repository.get(
+                    stream_id, projector_func=self.app.snapshotting_projectors[cls]
+                )
+        except AggregateNotFoundError:
+            return None
+        assert isinstance(found, cls)
+        return found
+
+    def run_lease(self, run_id: str) -> AbstractContextManager[None]:
+        """Hold the exclusive lease on ``run_id`` (see :mod:`little_es.leases`)."""
+        return self.leases.hold(validate_run_id(run_id))
+
+
+# ---------------------------------------------------------------------- opening
+
+
+def memory_world() -> World:
+    """A world in this process's memory, gone when it exits. For tests."""
+    app = LittleApplication(env={"PERSISTENCE_MODULE": "eventsourcing.popo"})
+    return World(app, MemoryArtifactStore(), MemoryRunLeases(), "memory://")
+
+
+def local_world(data_dir: str | os.PathLike[str] = DEFAULT_DATA_DIR) -> World:
+    """The embedded world: ``{data_dir}/events.sqlite3`` plus ``{data_dir}/artifacts/``."""
+    root = Path(data_dir)
+    if "\x00" in str(root):
+        raise WorldConfigError("data_dir contains a NUL byte")
+    if root.exists() and not root.is_dir():
+        raise WorldConfigError(f"data_dir {str(root)!r} exists and is not a directory")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise WorldConfigError(f"cannot create data_dir {str(root)!r}: {exc}") from exc
+    app = LittleApplication(
+        env={
+            "PERSISTENCE_MODULE": "eventsourcing.sqlite",
+            "SQLITE_DBNAME": str(root / "events.sqlite3"),
+            "SQLITE_LOCK_TIMEOUT": "30",
+        }
+    )
+    return World(
+        app,
+        FileArtifactStore(root / "artifacts"),
+        FileRunLeases(root / "leases"),
+        f"sqlite:///{root.resolve()}",
+    )
+
+
+def postgres_world(dsn: str, *, schema: str = "") -> World:
+    """A world in a PostgreSQL database (``postgresql://user:pw@host:port/dbname``)."""
+    parts = urlsplit(dsn)
+    if parts.scheme not in ("postgresql", "postgres"):
+        raise WorldConfigError(f"not a postgresql:// URL: {_redact(dsn)}")
+    dbname = unquote(parts.path.lstrip("/"))
+    if not dbname:
+        raise WorldConfigError(f"the URL names no database: {_redact(dsn)} (add /dbname)")
+    query = parse_qs(parts.query)
+    schema = schema or query.get("schema", [""])[0]
+    if schema and re.fullmatch(r"[a-z_][a-z0-9_]*", schema) is None:
+        raise WorldConfigError(f"invalid schema name {schema!r}")
+    try:
+        app = LittleApplication(
+            env={
+                "PERSISTENCE_MODULE": "eventsourcing.postgres",
+                "POSTGRES_DBNAME": dbname,
+                "POSTGRES_HOST": parts.hostname or "127.0.0.1",
+                "POSTGRES_PORT": str(parts.port or 5432),
+                "POSTGRES_USER": unquote(parts.username or "postgres"),
+                "POSTGRES_PASSWORD": unquote(parts.password or ""),
+                "POSTGRES_SCHEMA": schema,
+                "POSTGRES_POOL_SIZE": "5",
+                "POSTGRES_MAX_OVERFLOW": "10",
+                "POSTGRES_CONNECT_TIMEOUT": "5",
+            }
+        )
+    except Exception as exc:
+        raise WorldConfigError(f"cannot open PostgreSQL world {_redact(dsn)}: {exc}") from exc
+    datastore = app.factory.datastore  # type: ignore[attr-defined]
+    table = f"{schema}.little_es_artifacts" if schema else "little_es_artifacts"
+    artifacts = PostgresArtifactStore(datastore.pool, table=table, owns_pool=False)
+    conninfo = (
+        f"dbname={dbname} host={parts.hostname or '127.0.0.1'} port={parts.port or 5432}"
+        f" user={unquote(parts.username or 'postgres')}"
+        + (f" password={unquote(parts.password)}" if parts.password else "")
+    )
+    return World(app, artifacts, PostgresRunLeases(conninfo), _redact(dsn))
+
+
+def open_world(url: str | None = None) -> World:
+    """Open the world a URL names; with no URL, ``$LITTLE_ES_WORLD`` or ``./.little-workflow``.
+
+    ``sqlite:///relative/dir``, ``sqlite:////absolute/dir``, ``postgresql://...``,
+    ``memory://``.
+    """
+    url = url or os.environ.get(WORLD_ENV_VAR) or f"sqlite:///{DEFAULT_DATA_DIR}"
+    if url.startswith("memory:"):
+        return memory_world()
+    if url.startswith("sqlite:///"):
+        path = url[len("sqlite:///") :]
+        if not path:
+            raise WorldConfigError("sqlite:/// URL names no directory: use sqlite:///path/to/dir")
+        return local_world(path)
+    if url.startswith(("postgresql://", "postgres://")):
+        return postgres_world(url)
+    raise WorldConfigError(
+        f"unknown world URL {_redact(url)!r}: use sqlite:///dir, postgresql://..., or memory://"
+    )
+
+
+def _redact(url: str) -> str:
+    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
