@@ -29,6 +29,7 @@ from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.persistence import IntegrityError, StoredEvent
 from eventsourcing.utils import get_topic
 
+from little_es import faults
 from little_es.artifacts import (
     ArtifactStore,
     FileArtifactStore,
@@ -145,6 +146,9 @@ class World:
         Raises :class:`ConcurrencyConflictError` (and appends nothing) when
         another writer got to one of these streams first.
         """
+        pending = [e for a in aggregates for e in a.pending_events]
+        if not pending:
+            return
         try:
             self.app.save(*aggregates)
         except IntegrityError as exc:
@@ -152,6 +156,7 @@ class World:
             raise ConcurrencyConflictError(
                 f"another writer appended to {ids} first; nothing was written: reload and retry"
             ) from exc
+        faults.after_append(pending)
 
     def record_run_event(self, run_id: str, event_class: type[E], **fields: Any) -> E:
         """Append one event of your own (a :class:`RunEvent` subclass) to a run's stream."""

@@ -1,0 +1,73 @@
+"""Fault injection for crash tests: kill this process right after a chosen append.
+
+Set one of these environment variables in the process under test (they are
+read once, when the first world of the process saves):
+
+``LITTLE_ES_CRASH_AFTER_APPENDS=N``
+    SIGKILL the process right after its Nth successful append transaction.
+
+``LITTLE_ES_CRASH_AFTER_EVENT=wire_name[:field=value[,field=value...]]``
+    SIGKILL right after the append that committed the first event with this
+    wire name whose fields match, e.g. ``harness.model.called:turn=3`` or
+    ``harness.tool_call.started:call_id=c42`` or ``StepCompleted:step_path=fetch``.
+
+The kill is a real ``SIGKILL``: no ``finally`` block, no atexit handler and no
+buffered write of this process runs after it, exactly like a crash.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+
+from little_es.events import Event
+
+CRASH_AFTER_APPENDS = "LITTLE_ES_CRASH_AFTER_APPENDS"
+CRASH_AFTER_EVENT = "LITTLE_ES_CRASH_AFTER_EVENT"
+
+
+@dataclass
+class _Plan:
+    after_appends: int | None
+    wire_name: str | None
+    fields: dict[str, str]
+    appends: int = 0
+
+
+@cache
+def _plan() -> _Plan | None:
+    appends = os.environ.get(CRASH_AFTER_APPENDS)
+    spec = os.environ.get(CRASH_AFTER_EVENT)
+    if not appends and not spec:
+        return None
+    fields: dict[str, str] = {}
+    wire_name = None
+    if spec:
+        wire_name, _, rest = spec.partition(":")
+        for pair in filter(None, rest.split(",")):
+            key, sep, value = pair.partition("=")
+            if not sep:
+                raise ValueError(f"{CRASH_AFTER_EVENT}: expected field=value, got {pair!r}")
+            fields[key.strip()] = value.strip()
+    return _Plan(int(appends) if appends else None, wire_name, fields)
+
+
+def _matches(plan: _Plan, event: Event) -> bool:
+    if event.wire_name != plan.wire_name:
+        return False
+    return all(str(getattr(event, k, None)) == v for k, v in plan.fields.items())
+
+
+def after_append(events: Sequence[Event]) -> None:
+    """Called by the world after each committed append; kills the process if planned."""
+    plan = _plan()
+    if plan is None:
+        return
+    plan.appends += 1
+    if plan.after_appends is not None and plan.appends >= plan.after_appends:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if plan.wire_name is not None and any(_matches(plan, e) for e in events):
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,335 @@
+"""Tools a model can call: plain Python functions with validated, schema-described arguments.
+
+``tool(fn)`` (or the bare decorator ``@tool``) turns a sync or async function
+into a :class:`Tool`. Its arguments are described to the model by the JSON
+schema of a pydantic model built from the function's type hints, and the same
+model validates what the model sends back. A parameter annotated
+:class:`ToolContext` is filled in by the harness and never shown to the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import re
+from collections.abc import Callable, Sequence
+from typing import Any, overload
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from little_es.errors import ToolError
+from little_es.harness.messages import JSONValue, ToolSpec
+
+__all__ = [
+    "Tool",
+    "ToolArgumentsError",
+    "ToolContext",
+    "resolve_tools",
+    "tool",
+]
+
+# What OpenAI-compatible APIs accept as a function name.
+_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+class ToolArgumentsError(ToolError, ValueError):
+    """The arguments a model sent do not validate against the tool's schema.
+
+    ``tool`` is the tool's name and ``fields`` the dotted paths of the
+    arguments that failed (``""`` for the arguments object itself).
+    """
+
+    def __init__(self, message: str, *, tool: str, fields: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.tool = tool
+        self.fields = fields
+
+
+class ToolContext(BaseModel):
+    """What the harness tells a tool about the call it is running.
+
+    ``idempotency_key`` is derived from ``(run_id, session_id, call_id)`` only,
+    so it is the same every time one call is executed: a tool with side
+    effects passes it to the outside world (an ``Idempotency-Key`` header, a
+    unique column) to dedupe the one re-execution a crash between invoking the
+    tool and recording its result can cause.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run_id: str = Field(min_length=1)
+    session_id: str = Field(min_length=1)
+    call_id: str = Field(min_length=1)
+    step_path: str = Field(min_length=1)
+
+    @property
+    def idempotency_key(self) -> str:
+        """A 64-hex-digit key unique to this run, session and call id."""
+        # NUL cannot appear in ids, so the join is unambiguous.
+        joined = "\0".join((self.run_id, self.session_id, self.call_id))
+        return hashlib.sha256(joined.encode()).hexdigest()
+
+
+class Tool:
+    """A function a model can call, with its name, description and argument schema.
+
+    Build one with :func:`tool`. Calling the tool object directly calls the
+    function unchanged; the harness uses :meth:`invoke`, which validates.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+    ) -> None:
+        if isinstance(fn, Tool):
+            # Re-wrapping a tool (to rename it, say) describes its function again.
+            fn = fn.fn
+        if not callable(fn):
+            raise ToolError(f"a tool must be built from a function, got {type(fn).__name__}")
+        tool_name = name if name is not None else getattr(fn, "__name__", None)
+        if not isinstance(tool_name, str) or not _NAME_PATTERN.match(tool_name):
+            raise ToolError(
+                f"tool name {tool_name!r} is not usable: give name= of 1-64 letters, digits,"
+                " '_' or '-'"
+            )
+        if description is None:
+            description = _first_paragraph(inspect.getdoc(fn))
+        elif not isinstance(description, str):
+            raise ToolError(f"tool {tool_name!r} description must be a string")
+        self._fn = fn
+        self._name = tool_name
+        self._is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+            type(fn).__call__
+        )
+        self._params, self._context_params, self._arguments_model, schema = _arguments_model(
+            fn, tool_name
+        )
+        self._spec = ToolSpec(name=tool_name, description=description, parameters=schema)
+        canonical = orjson.dumps(self._spec.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+        self._schema_hash = hashlib.sha256(canonical).hexdigest()
+
+    @property
+    def name(self) -> str:
+        """The name the model calls the tool by."""
+        return self._name
+
+    @property
+    def description(self) -> str:
+        """What the model is told the tool does."""
+        return self._spec.description
+
+    @property
+    def fn(self) -> Callable[..., Any]:
+        """The wrapped function."""
+        return self._fn
+
+    @property
+    def spec(self) -> ToolSpec:
+        """The name, description and JSON schema the model is given (a fresh copy)."""
+        return self._spec.model_copy(deep=True)
+
+    @property
+    def schema_hash(self) -> str:
+        """sha256 hex of the spec's canonical JSON (sorted keys, no whitespace)."""
+        return self._schema_hash
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the wrapped function directly, without validation."""
+        return self._fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"Tool(name={self._name!r}, schema_hash={self._schema_hash[:12]!r})"
+
+    async def invoke(self, arguments: dict[str, JSONValue], ctx: ToolContext) -> JSONValue:
+        """Validate ``arguments``, run the function and return its JSON result.
+
+        Sync functions run in a worker thread, async ones are awaited. Raises
+        :class:`ToolArgumentsError` when the arguments do not validate and
+        :class:`~little_es.errors.ToolError` when the result is not JSON;
+        exceptions raised by the function itself propagate unchanged.
+        The result is returned as it reads back from JSON (tuples become lists,
+        pydantic models dicts), so a live call and a replayed one agree.
+        """
+        if not isinstance(ctx, ToolContext):
+            raise ToolError(f"tool {self._name!r} needs a ToolContext, got {type(ctx).__name__}")
+        if not isinstance(arguments, dict):
+            raise ToolArgumentsError(
+                f"tool {self._name!r} arguments must be a JSON object,"
+                f" got {type(arguments).__name__}",
+                tool=self._name,
+                fields=("",),
+            )
+        try:
+            validated = self._arguments_model.model_validate(arguments)
+        except ValidationError as exc:
+            raise _arguments_error(self._name, exc) from exc
+        args: list[Any] = []
+        kwargs: dict[str, Any] = {}
+        for param in self._params:
+            if param.name in self._context_params:
+                value: Any = ctx
+            else:
+                value = getattr(validated, _field_name(param.name))
+            if param.kind is inspect.Parameter.KEYWORD_ONLY:
+                kwargs[param.name] = value
+            else:
+                args.append(value)
+        if self._is_async:
+            result = await self._fn(*args, **kwargs)
+        else:
+            result = await asyncio.to_thread(self._fn, *args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+        return _to_json(self._name, result)
+
+
+@overload
+def tool(
+    fn: Callable[..., Any], /, *, name: str | None = None, description: str | None = None
+) -> Tool: ...
+
+
+@overload
+def tool(
+    fn: None = None, /, *, name: str | None = None, description: str | None = None
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Make a :class:`Tool` from ``fn``: ``tool(fn)``, ``@tool`` or ``@tool(name=...)``.
+
+    The name defaults to the function's name and the description to the first
+    paragraph of its docstring. Every parameter needs a type hint (use
+    ``Annotated[int, Field(description=...)]`` to describe one); ``*args`` and
+    ``**kwargs`` are refused. Raises :class:`~little_es.errors.ToolError` when
+    the function cannot be described.
+    """
+    if fn is None:
+        return lambda f: Tool(f, name=name, description=description)
+    return Tool(fn, name=name, description=description)
+
+
+def resolve_tools(tools: Sequence[Tool | Callable[..., Any]]) -> dict[str, Tool]:
+    """Index ``tools`` by name, wrapping plain functions with :func:`tool`.
+
+    Raises :class:`~little_es.errors.ToolError` when two tools share a name.
+    """
+    if isinstance(tools, str | bytes) or not isinstance(tools, Sequence):
+        raise ToolError(f"tools must be a list of tools or functions, got {type(tools).__name__}")
+    resolved: dict[str, Tool] = {}
+    for item in tools:
+        wrapped = item if isinstance(item, Tool) else tool(item)
+        if wrapped.name in resolved:
+            raise ToolError(
+                f"two tools are named {wrapped.name!r}: give one of them another name"
+                " with tool(fn, name=...)"
+            )
+        resolved[wrapped.name] = wrapped
+    return resolved
+
+
+def _first_paragraph(doc: str | None) -> str:
+    if not doc:
+        return ""
+    return " ".join(doc.strip().split("\n\n", 1)[0].split())
+
+
+def _field_name(param_name: str) -> str:
+    # Parameters are stored under a prefixed field name and exposed under an
+    # alias, so that names pydantic reserves (json, copy, _private, model_*)
+    # still work as argument names.
+    return f"arg_{param_name}"
+
+
+def _arguments_model(
+    fn: Callable[..., Any], tool_name: str
+) -> tuple[tuple[inspect.Parameter, ...], frozenset[str], type[BaseModel], dict[str, JSONValue]]:
+    try:
+        signature = inspect.signature(fn, eval_str=True)
+    except NameError as exc:
+        raise ToolError(
+            f"tool {tool_name!r} has a type hint that cannot be resolved ({exc}): define the"
+            " types it names at module level"
+        ) from exc
+    except (TypeError, ValueError) as exc:
+        raise ToolError(f"tool {tool_name!r} has no inspectable signature ({exc})") from exc
+    fields: dict[str, Any] = {}
+    context_params: set[str] = set()
+    for param in signature.parameters.values():
+        if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            raise ToolError(
+                f"tool {tool_name!r} takes *{param.name}: a model can only send named"
+                " arguments, declare each one"
+            )
+        if param.annotation is ToolContext:
+            context_params.add(param.name)
+            continue
+        if param.annotation is inspect.Parameter.empty:
+            raise ToolError(
+                f"tool {tool_name!r} parameter {param.name!r} has no type hint: annotate it"
+                " so the model is told its type and the arguments can be validated"
+            )
+        default = (
+            Field(alias=param.name)
+            if param.default is inspect.Parameter.empty
+            else Field(default=param.default, alias=param.name)
+        )
+        fields[_field_name(param.name)] = (param.annotation, default)
+    try:
+        model = create_model(
+            f"{tool_name}_arguments",
+            __config__=ConfigDict(extra="forbid", protected_namespaces=()),
+            **fields,
+        )
+        schema = model.model_json_schema()
+    except Exception as exc:
+        raise ToolError(
+            f"tool {tool_name!r} arguments cannot be described as JSON schema ({exc}):"
+            " use JSON-friendly types (str, int, float, bool, list, dict, Literal, Enum,"
+            " pydantic models)"
+        ) from exc
+    # The top-level title is the generated class name, noise for the model.
+    schema.pop("title", None)
+    return tuple(signature.parameters.values()), frozenset(context_params), model, schema
+
+
+def _arguments_error(tool_name: str, exc: ValidationError) -> ToolArgumentsError:
+    problems: list[str] = []
+    fields: list[str] = []
+    for error in exc.errors(include_url=False):
+        field = ".".join(str(part) for part in error["loc"])
+        fields.append(field)
+        problems.append(f"{field or '(arguments)'}: {error['msg']}")
+    return ToolArgumentsError(
+        f"tool {tool_name!r} got invalid arguments: {'; '.join(problems)}."
+        " Send arguments that match the tool's schema",
+        tool=tool_name,
+        fields=tuple(dict.fromkeys(fields)),
+    )
+
+
+def _pydantic_default(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
+
+
+def _to_json(tool_name: str, result: Any) -> JSONValue:
+    try:
+        return orjson.loads(orjson.dumps(result, default=_pydantic_default))
+    except TypeError as exc:
+        raise ToolError(
+            f"tool {tool_name!r} returned a value that is not JSON ({exc}): return str, int,"
+            " float, bool, None, lists and dicts with string keys of those, or a pydantic model"
+        ) from exc

@@ -1,0 +1,248 @@
+"""What a step function receives: :class:`StepContext`, and the read-only views it hands out.
+
+The run input and the outputs of earlier steps are recorded in the log. If a
+step could change them in place, the running process would see data the log
+does not hold, and a resumed process (which reads them back from the log)
+would behave differently. So the context deep-freezes them: dicts become
+:class:`FrozenDict`, lists :class:`FrozenList`, sets ``frozenset``. Both are
+subclasses of ``dict``/``list``, so equality, ``isinstance`` checks, ``json``
+and orjson keep working and a step may return them as (part of) its output.
+Other objects (pydantic models, strings, numbers) are passed as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NoReturn, SupportsIndex, TypeVar
+
+from little_es.ids import validate_run_id
+from little_es.workflow.paths import StepPathParts, parse_step_path
+
+__all__ = ["FrozenDict", "FrozenList", "StepContext", "freeze"]
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+def _read_only(name: str) -> NoReturn:
+    raise TypeError(
+        f"{name} is read-only: the run input and step outputs are recorded in the log; copy it"
+        " (dict(x), list(x)) and change the copy"
+    )
+
+
+class FrozenDict(dict[_K, _V]):
+    """A ``dict`` that refuses changes; its values are frozen with :func:`freeze`."""
+
+    __slots__ = ()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__()
+        source = dict(*args, **kwargs)
+        for key, value in source.items():
+            dict.__setitem__(self, key, freeze(value))
+
+    def __setitem__(self, key: _K, value: _V) -> NoReturn:
+        _read_only("this mapping")
+
+    def __delitem__(self, key: _K) -> NoReturn:
+        _read_only("this mapping")
+
+    def __ior__(self, other: Any) -> NoReturn:  # type: ignore[misc]
+        _read_only("this mapping")
+
+    def clear(self) -> NoReturn:
+        """Refused: the mapping is read-only."""
+        _read_only("this mapping")
+
+    def pop(self, *args: Any) -> NoReturn:
+        """Refused: the mapping is read-only."""
+        _read_only("this mapping")
+
+    def popitem(self) -> NoReturn:
+        """Refused: the mapping is read-only."""
+        _read_only("this mapping")
+
+    def setdefault(self, *args: Any) -> NoReturn:
+        """Refused: the mapping is read-only."""
+        _read_only("this mapping")
+
+    def update(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """Refused: the mapping is read-only."""
+        _read_only("this mapping")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # copy/deepcopy/pickle would otherwise rebuild it item by item through
+        # the refused __setitem__.
+        return (type(self), (dict(self),))
+
+    def __repr__(self) -> str:
+        return f"FrozenDict({dict.__repr__(self)})"
+
+
+class FrozenList(list[_V]):
+    """A ``list`` that refuses changes; its items are frozen with :func:`freeze`."""
+
+    __slots__ = ()
+
+    def __init__(self, items: Iterable[_V] = ()) -> None:
+        super().__init__(freeze(item) for item in items)
+
+    def __setitem__(self, index: Any, value: Any) -> NoReturn:
+        _read_only("this list")
+
+    def __delitem__(self, index: Any) -> NoReturn:
+        _read_only("this list")
+
+    def __iadd__(self, other: Any) -> NoReturn:  # type: ignore[misc]
+        _read_only("this list")
+
+    def __imul__(self, other: Any) -> NoReturn:  # type: ignore[misc]
+        _read_only("this list")
+
+    def append(self, item: _V) -> NoReturn:
+        """Refused: the list is read-only."""
+        _read_only("this list")
+
+    def extend(self, items: Iterable[_V]) -> NoReturn:
+        """Refused: the list is read-only."""
+        _read_only("this list")
+
+    def insert(self, index: SupportsIndex, item: _V) -> NoReturn:
+        """Refused: the list is read-only."""
+        _read_only("this list")
+
+    def pop(self, index: SupportsIndex = -1) -> NoReturn:
+        """Refused: the list is read-only."""
+        _read_only("this list")
+
+    def remove(self, item: _V) -> NoReturn:
+        """Refused: the list is read-only."""
+        _read_only("this list")
+
+    def clear(self) -> NoReturn:
+        """Refused: the list is read-only."""
+        _read_only("this list")
+
+    def sort(self, *args: Any, **kwargs: Any) -> NoReturn:
+        """Refused: the list is read-only (``sorted(x)`` gives a sorted copy)."""
+        _read_only("this list")
+
+    def reverse(self) -> NoReturn:
+        """Refused: the list is read-only (``list(reversed(x))`` gives a reversed copy)."""
+        _read_only("this list")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (list(self),))
+
+    def __repr__(self) -> str:
+        return f"FrozenList({list.__repr__(self)})"
+
+
+def freeze(value: Any) -> Any:
+    """A deep read-only copy of ``value``; already-frozen containers are returned as they are.
+
+    dict (and any Mapping) -> :class:`FrozenDict`, list -> :class:`FrozenList`,
+    tuple -> tuple of frozen items, set -> ``frozenset``; everything else is
+    returned unchanged.
+    """
+    if isinstance(value, FrozenDict | FrozenList | str | bytes | int | float | frozenset):
+        return value
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        return FrozenDict(value)
+    if isinstance(value, list):
+        return FrozenList(value)
+    if isinstance(value, tuple) and type(value) is tuple:
+        return tuple(freeze(item) for item in value)
+    if isinstance(value, set):
+        return frozenset(value)
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class StepContext:
+    """Everything a step function may read about the run and about its own execution.
+
+    ``input`` is the run input and ``outputs`` maps each completed step id to
+    its latest committed output (for a parallel group: a mapping of branch key
+    to that branch's output); both are deep-frozen (see the module docstring).
+    ``step_path`` names this execution (see :mod:`little_es.workflow.paths`);
+    ``step_id``, ``visit``, ``group_id``, ``branch_key`` and ``group_visit`` are
+    read from it. ``attempt`` is 1-based and grows only with retries after a
+    recorded failure. ``branch_value`` is the value of this parallel branch
+    (None outside a branch).
+    """
+
+    run_id: str
+    input: Mapping[str, Any]
+    outputs: Mapping[str, Any]
+    step_path: str
+    attempt: int = 1
+    branch_value: Any = None
+    _parts: StepPathParts = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        validate_run_id(self.run_id)
+        if not isinstance(self.input, Mapping):
+            raise TypeError(
+                f"StepContext input must be a mapping (the run input), got"
+                f" {type(self.input).__name__}"
+            )
+        if not isinstance(self.outputs, Mapping):
+            raise TypeError(
+                f"StepContext outputs must be a mapping of step id to output, got"
+                f" {type(self.outputs).__name__}"
+            )
+        attempt = self.attempt
+        if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 1:
+            raise ValueError(f"StepContext attempt must be an integer >= 1, got {attempt!r}")
+        parts = parse_step_path(self.step_path)
+        if parts.group_id is None and self.branch_value is not None:
+            raise ValueError(
+                f"step {self.step_path!r} is not inside a parallel branch, so it has no"
+                " branch_value: leave it None"
+            )
+        # Frozen dataclass: the only way to store the derived fields is past __setattr__.
+        object.__setattr__(self, "_parts", parts)
+        object.__setattr__(self, "input", freeze(self.input))
+        object.__setattr__(self, "outputs", freeze(self.outputs))
+        object.__setattr__(self, "branch_value", freeze(self.branch_value))
+
+    @property
+    def step_id(self) -> str:
+        """The id of the step being run (the branch step's id inside a parallel branch)."""
+        return self._parts.step_id
+
+    @property
+    def visit(self) -> int:
+        """Which visit of this step this is, 1-based (decisions jumping back add visits)."""
+        return self._parts.visit
+
+    @property
+    def group_id(self) -> str | None:
+        """The enclosing parallel group's id inside a branch, else None."""
+        return self._parts.group_id
+
+    @property
+    def branch_key(self) -> str | None:
+        """This parallel branch's key inside a branch, else None."""
+        return self._parts.branch_key
+
+    @property
+    def group_visit(self) -> int:
+        """Which visit of the enclosing parallel group this is (1 outside a branch)."""
+        return self._parts.group_visit
+
+    @property
+    def idempotency_key(self) -> str:
+        """``f"{run_id}:{step_path}"``: a key for deduplicating external side effects.
+
+        It is the same for every attempt of this step execution and in every
+        process that resumes the run, so a side effect keyed by it (a payment,
+        an email, a ticket comment) happens once even when the step runs again
+        after a crash or a retry. A later visit (``review@2``) gets a new key.
+        """
+        return f"{self.run_id}:{self.step_path}"

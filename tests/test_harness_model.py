@@ -1,0 +1,160 @@
+"""ScriptedModel: answers by turn or by function, counts real calls, fails clearly."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from little_es.errors import ModelError
+from little_es.harness.messages import (
+    Message,
+    ModelRequest,
+    ModelResponse,
+    ToolCall,
+    Usage,
+)
+from little_es.harness.model import Model, ModelConfigError, ScriptedModel, ScriptedReply
+
+
+def _request(*assistant_turns: str) -> ModelRequest:
+    """A conversation with one user message and the given assistant replies."""
+    messages = [Message(role="user", content="hi")]
+    for text in assistant_turns:
+        messages.append(Message(role="assistant", content=text))
+        messages.append(Message(role="user", content="go on"))
+    return ModelRequest(messages=tuple(messages))
+
+
+def _script() -> ScriptedModel:
+    return ScriptedModel(
+        responses=[
+            ScriptedReply(
+                tool_calls=[ToolCall(id="c1", name="search", arguments={"q": "x"})],
+                usage=Usage(input_tokens=10, output_tokens=2),
+            ),
+            ScriptedReply(content="second"),
+            ModelResponse(content="third", provider="elsewhere", model="other-9"),
+        ],
+        provider="acme",
+        model_id="acme-1",
+    )
+
+
+async def test_answers_by_turn_and_fills_provider_and_model() -> None:
+    model = _script()
+    first = await model.complete(_request())
+    assert first.tool_calls == (ToolCall(id="c1", name="search", arguments={"q": "x"}),)
+    assert first.usage == Usage(input_tokens=10, output_tokens=2)
+    assert (first.provider, first.model) == ("acme", "acme-1")
+    second = await model.complete(_request("a"))
+    assert (second.content, second.provider, second.model) == ("second", "acme", "acme-1")
+    third = await model.complete(_request("a", "b"))
+    # A full ModelResponse is returned as given, provider and model included.
+    assert third == ModelResponse(content="third", provider="elsewhere", model="other-9")
+
+
+async def test_turn_is_a_pure_function_of_the_request() -> None:
+    model = _script()
+    again = [await model.complete(_request("a", "b")) for _ in range(2)]
+    assert again[0] == again[1]
+    assert again[0].content == "third"
+    # Tool messages and system messages do not count as turns.
+    request = ModelRequest(
+        messages=(
+            Message(role="system", content="be brief"),
+            Message(role="user", content="hi"),
+            Message(role="assistant", tool_calls=(ToolCall(id="c1", name="search"),)),
+            Message(role="tool", tool_call_id="c1", content="found"),
+        )
+    )
+    assert (await model.complete(request)).content == "second"
+
+
+async def test_counts_real_invocations_and_keeps_requests() -> None:
+    model = _script()
+    assert model.calls == 0
+    assert model.requests == []
+    first, second = _request(), _request("a")
+    await model.complete(first)
+    await model.complete(second)
+    assert model.calls == 2
+    assert model.requests == [first, second]
+    model.requests.clear()  # a copy: the model's own record is untouched
+    assert model.calls == 2
+
+
+async def test_running_past_the_script_is_a_non_retryable_error() -> None:
+    model = _script()
+    with pytest.raises(ModelError) as info:
+        await model.complete(_request("a", "b", "c"))
+    assert info.value.retryable is False
+    assert info.value.provider == "acme"
+    assert "3 scripted response(s)" in str(info.value)
+    assert "turn 4" in str(info.value)
+    assert model.calls == 1
+
+
+async def test_an_empty_script_refuses_every_call() -> None:
+    model = ScriptedModel(responses=[])
+    with pytest.raises(ModelError, match="0 scripted response"):
+        await model.complete(_request())
+
+
+async def test_respond_function_sync_and_async() -> None:
+    def echo(request: ModelRequest) -> ScriptedReply:
+        return ScriptedReply(content=f"echo {request.messages[-1].content}")
+
+    async def slow_echo(request: ModelRequest) -> ModelResponse:
+        await asyncio.sleep(0)
+        return ModelResponse(content="async", provider="p", model="m")
+
+    sync_model = ScriptedModel(respond=echo, model_id="echo-1")
+    answer = await sync_model.complete(_request("a"))
+    assert (answer.content, answer.provider, answer.model) == ("echo go on", "scripted", "echo-1")
+    assert sync_model.calls == 1
+
+    async_model = ScriptedModel(respond=slow_echo)
+    assert (await async_model.complete(_request())).content == "async"
+
+
+async def test_respond_errors_propagate_and_bad_answers_are_refused() -> None:
+    def flaky(request: ModelRequest) -> ModelResponse:
+        raise ModelError("rate limited", retryable=True, provider="scripted", status=429)
+
+    model = ScriptedModel(respond=flaky)
+    with pytest.raises(ModelError) as info:
+        await model.complete(_request())
+    assert info.value.retryable is True
+    assert model.calls == 1
+
+    bad = ScriptedModel(respond=lambda request: "not a response")  # type: ignore[arg-type,return-value]
+    with pytest.raises(ModelError, match="must be a ModelResponse or a ScriptedReply, got str"):
+        await bad.complete(_request())
+
+
+def test_constructor_validates() -> None:
+    with pytest.raises(ModelConfigError, match="exactly one"):
+        ScriptedModel()
+    with pytest.raises(ModelConfigError, match="exactly one"):
+        ScriptedModel(responses=[], respond=lambda r: ScriptedReply())
+    with pytest.raises(ModelConfigError, match="provider"):
+        ScriptedModel(responses=[], provider="")
+    with pytest.raises(ModelConfigError, match=r"responses\[1\]"):
+        ScriptedModel(responses=[ScriptedReply(), "text"])  # type: ignore[list-item]
+    duplicate = ScriptedReply(tool_calls=(ToolCall(id="c", name="a"), ToolCall(id="c", name="b")))
+    with pytest.raises(ModelConfigError, match="unique"):
+        ScriptedModel(responses=[duplicate])
+
+
+async def test_complete_refuses_a_non_request() -> None:
+    with pytest.raises(ModelError, match="expects a ModelRequest"):
+        await _script().complete({"messages": []})  # type: ignore[arg-type]
+
+
+async def test_scripted_model_satisfies_the_protocol() -> None:
+    async def ask(model: Model) -> tuple[str, str, str | None]:
+        response = await model.complete(_request("a"))
+        return model.provider, model.model_id, response.content
+
+    assert await ask(_script()) == ("acme", "acme-1", "second")
