@@ -1,0 +1,282 @@
+"""The write-ahead durability protocol, and the one place that writes ``Run`` events.
+
+The rules, which every engine (the local scheduler, the Temporal adapter) follows
+by calling :class:`RunRecorder`:
+
+1. ``RunStarted`` is committed before the first step runs.
+2. ``StepStarted`` is committed before a step's code runs; a step whose
+   ``StepStarted`` has no terminal event is *in flight* and runs again on resume
+   with the same attempt number (for an agent step: the same harness session,
+   which fast-forwards; see :mod:`little_es.harness.session`).
+3. ``StepCompleted`` (the output, or an :class:`~little_es.artifacts.ArtifactRef`
+   when the output is large, whose bytes are stored first) is committed as soon
+   as the step returns. Once committed the step never runs again.
+4. ``StepFailed`` records each failed attempt and whether another follows;
+   ``RunFailed`` records that retries ran out (a failed run can be resumed).
+5. ``ParallelBranchScheduled`` is committed before any branch of a group runs,
+   ``SubRunReserved`` before a sub-run starts.
+
+Each ``commit`` is one transaction; a process that loses the race for a
+stream's next version stops with :class:`~little_es.errors.ConcurrencyConflictError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+from uuid import UUID
+
+import orjson
+from pydantic import BaseModel
+
+from little_es.artifacts import ArtifactRef
+from little_es.domain import Run
+from little_es.errors import LittleEsError, RunNotFoundError
+from little_es.events import (
+    ErrorInfo,
+    Event,
+    ParallelBranchScheduled,
+    RunCompleted,
+    RunFailed,
+    RunStarted,
+    StepCompleted,
+    StepFailed,
+    StepKind,
+    StepStarted,
+    SubRunReserved,
+)
+from little_es.materialize import RunFold
+from little_es.world import World
+
+OUTPUT_INLINE_LIMIT = 64 * 1024
+"""Outputs whose JSON is larger than this many bytes are stored as artifacts."""
+
+OUTPUT_MEDIA_TYPE = "application/json"
+
+
+class OutputNotSerializableError(LittleEsError, TypeError):
+    """A step returned a value that cannot be stored as JSON."""
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, set | frozenset):
+        return sorted(value, key=repr)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def encode_output(step_path: str, value: Any) -> bytes:
+    """The JSON bytes of a step output (pydantic models are dumped)."""
+    try:
+        return orjson.dumps(value, default=_default)
+    except TypeError as exc:
+        raise OutputNotSerializableError(
+            f"step {step_path!r} returned a value that cannot be stored as JSON ({exc}): return"
+            " dicts, lists, strings, numbers, booleans, None or pydantic models"
+        ) from exc
+
+
+def normalize_output(step_path: str, value: Any) -> Any:
+    """The output exactly as a replay will read it back (tuples become lists, models dicts)."""
+    return orjson.loads(encode_output(step_path, value))
+
+
+class RunRecorder:
+    """Writes one run's ``Run`` stream, following the protocol above.
+
+    ``fold`` is the run's live state, kept by the one reducer as events are
+    triggered. ``observer`` (optional) sees every committed event.
+    """
+
+    def __init__(
+        self,
+        world: World,
+        run: Run,
+        *,
+        observer: Callable[[Event], None] | None = None,
+    ) -> None:
+        self.world = world
+        self.run = run
+        self._observer = observer
+
+    @property
+    def run_id(self) -> str:
+        """The run id."""
+        run_id = self.run.run_id
+        assert run_id is not None
+        return run_id
+
+    @property
+    def fold(self) -> RunFold:
+        """The live state of the run stream."""
+        return self.run.fold
+
+    @classmethod
+    def load(
+        cls, world: World, run_id: str, *, observer: Callable[[Event], None] | None = None
+    ) -> RunRecorder | None:
+        """The recorder of an existing run, or None when the run was never started."""
+        try:
+            run = world.load_run(run_id)
+        except RunNotFoundError:
+            return None
+        return cls(world, run, observer=observer)
+
+    @classmethod
+    def start(
+        cls,
+        world: World,
+        *,
+        run_id: str,
+        workflow_id: str,
+        workflow_version: str,
+        ir_hash: str,
+        input: Any,
+        parent_run_id: str | None = None,
+        parent_step_path: str | None = None,
+        observer: Callable[[Event], None] | None = None,
+    ) -> RunRecorder:
+        """Commit ``RunStarted`` for a new run."""
+        recorder = cls(world, Run(run_id), observer=observer)
+        recorder._commit(
+            RunStarted,
+            run_id=run_id,
+            workflow_id=workflow_id,
+            workflow_version=workflow_version,
+            ir_hash=ir_hash,
+            input=input,
+            parent_run_id=parent_run_id,
+            parent_step_path=parent_step_path,
+        )
+        return recorder
+
+    def _commit(self, event_class: type[Event], **fields: Any) -> None:
+        event = self.run.trigger(event_class, **fields)
+        self.world.save(self.run)
+        if self._observer is not None:
+            self._observer(event)
+
+    def step_started(
+        self,
+        step_path: str,
+        *,
+        step_id: str,
+        kind: StepKind,
+        visit: int,
+        attempt: int,
+        session_id: UUID | None = None,
+    ) -> None:
+        """Commit ``StepStarted``: from here on the step is in flight."""
+        self._commit(
+            StepStarted,
+            step_path=step_path,
+            step_id=step_id,
+            kind=kind,
+            visit=visit,
+            attempt=attempt,
+            session_id=session_id,
+        )
+
+    def step_completed(
+        self,
+        step_path: str,
+        *,
+        step_id: str,
+        visit: int,
+        attempt: int,
+        output: Any,
+        artifact_refs: Sequence[ArtifactRef] = (),
+        next_step: str | None = None,
+    ) -> Any:
+        """Commit ``StepCompleted``; return the output as a replay will read it back.
+
+        An output whose JSON exceeds :data:`OUTPUT_INLINE_LIMIT` is stored as an
+        artifact first and the event holds its reference.
+        """
+        data = encode_output(step_path, output)
+        inline: Any = orjson.loads(data)
+        output_ref = None
+        if len(data) > OUTPUT_INLINE_LIMIT:
+            output_ref = self.world.artifacts.put(
+                data, run_id=self.run_id, step_path=step_path, media_type=OUTPUT_MEDIA_TYPE
+            )
+        self._commit(
+            StepCompleted,
+            step_path=step_path,
+            step_id=step_id,
+            visit=visit,
+            attempt=attempt,
+            output=None if output_ref is not None else inline,
+            output_ref=output_ref,
+            artifact_refs=tuple(artifact_refs),
+            next_step=next_step,
+        )
+        return inline
+
+    def step_failed(
+        self,
+        step_path: str,
+        *,
+        step_id: str,
+        visit: int,
+        attempt: int,
+        error: ErrorInfo,
+        will_retry: bool,
+    ) -> None:
+        """Commit ``StepFailed`` for one attempt."""
+        self._commit(
+            StepFailed,
+            step_path=step_path,
+            step_id=step_id,
+            visit=visit,
+            attempt=attempt,
+            error=error,
+            will_retry=will_retry,
+        )
+
+    def branches_scheduled(self, step_path: str, *, step_id: str, branch_keys: Sequence[str]) -> None:
+        """Commit a parallel group's branch set before any branch runs."""
+        self._commit(
+            ParallelBranchScheduled,
+            step_path=step_path,
+            step_id=step_id,
+            branch_keys=tuple(branch_keys),
+        )
+
+    def sub_run_reserved(
+        self, step_path: str, *, sub_run_id: str, workflow_id: str, call_id: str | None = None
+    ) -> None:
+        """Commit a sub-run's id before the sub-run is started."""
+        self._commit(
+            SubRunReserved,
+            step_path=step_path,
+            sub_run_id=sub_run_id,
+            workflow_id=workflow_id,
+            call_id=call_id,
+        )
+
+    def run_completed(self, output: Any) -> None:
+        """Commit ``RunCompleted`` (large outputs by reference, like step outputs)."""
+        data = encode_output("<run>", output)
+        output_ref = None
+        if len(data) > OUTPUT_INLINE_LIMIT:
+            output_ref = self.world.artifacts.put(
+                data, run_id=self.run_id, step_path="<run>", media_type=OUTPUT_MEDIA_TYPE
+            )
+        self._commit(
+            RunCompleted,
+            output=None if output_ref is not None else orjson.loads(data),
+            output_ref=output_ref,
+        )
+
+    def run_failed(self, error: ErrorInfo, *, step_path: str | None) -> None:
+        """Commit ``RunFailed``: retries ran out; the run may be resumed later."""
+        self._commit(RunFailed, error=error, step_path=step_path)
+
+
+def read_output(world: World, output: Any, output_ref: ArtifactRef | None) -> Any:
+    """A committed output: inline, or read (and verified) from its artifact."""
+    if output_ref is None:
+        return output
+    return orjson.loads(world.artifacts.get(output_ref).payload)

@@ -1,0 +1,120 @@
+"""The restart checks run before a resumed run schedules anything.
+
+If the log is intact and consistent with the code, replaying it can stand in
+for the original run; if not, the runtime refuses to proceed and says what
+differs. Every check raises a :class:`~little_es.errors.RuntimeIntegrityError`
+subclass whose message names the run, the step and the difference.
+
+The harness manifest check (``assert_harness_manifest_consistent``) lives with
+the harness, in :mod:`little_es.harness.manifest`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from little_es.artifacts import ArtifactRef
+from little_es.errors import (
+    ArtifactError,
+    ArtifactMismatchError,
+    ParallelReplayMismatchError,
+    RuntimeIntegrityError,
+    WorkflowChangedError,
+)
+from little_es.materialize import RunFold
+from little_es.world import World
+
+
+class RunInputMismatchError(RuntimeIntegrityError):
+    """A resume was asked for with an input other than the one the run started with."""
+
+
+def assert_workflow_unchanged(
+    run_id: str, fold: RunFold, *, workflow_id: str, workflow_version: str, ir_hash: str
+) -> None:
+    """The workflow resuming the run is the one that started it (id, version, IR hash)."""
+    if fold.workflow_id != workflow_id:
+        raise WorkflowChangedError(
+            f"run {run_id!r} was started by workflow {fold.workflow_id!r}, not {workflow_id!r}:"
+            " resume it with the workflow that started it"
+        )
+    if fold.ir_hash != ir_hash:
+        raise WorkflowChangedError(
+            f"run {run_id!r}: workflow {workflow_id!r} changed since the run started (IR hash"
+            f" {fold.ir_hash} at version {fold.workflow_version!r}, now {ir_hash} at version"
+            f" {workflow_version!r}): resume with the original definition, or start a new run"
+        )
+
+
+def assert_run_input_unchanged(run_id: str, fold: RunFold, input: Any) -> None:
+    """An input given on resume equals the recorded one."""
+    if input is not None and orjson.loads(orjson.dumps(input)) != fold.input:
+        raise RunInputMismatchError(
+            f"run {run_id!r} started with input {fold.input!r}, and resume was asked for with"
+            f" {input!r}: pass the same input (or none) to resume, or use a new run id"
+        )
+
+
+def _check_ref(world: World, run_id: str, step_path: str, ref: ArtifactRef, role: str) -> bytes:
+    if ref.run_id != run_id:
+        raise ArtifactMismatchError(
+            f"run {run_id!r}, step {step_path!r}: {role} {ref.artifact_id} belongs to run"
+            f" {ref.run_id!r}, not to this run"
+        )
+    if ref.step_path != step_path:
+        raise ArtifactMismatchError(
+            f"run {run_id!r}, step {step_path!r}: {role} {ref.artifact_id} was recorded for step"
+            f" {ref.step_path!r}"
+        )
+    try:
+        return world.artifacts.get(ref).payload
+    except ArtifactError as exc:
+        raise ArtifactMismatchError(f"run {run_id!r}, step {step_path!r}: {exc}") from exc
+
+
+def assert_completed_step_artifacts_valid(world: World, run_id: str, fold: RunFold) -> None:
+    """Every completed step's artifacts exist, hash correctly, belong to this run and step,
+    and an output stored by reference is the JSON the step returned."""
+    for path, step in fold.steps.items():
+        if step.status != "completed":
+            continue
+        for ref in step.artifact_refs:
+            _check_ref(world, run_id, path, ref, "artifact")
+        if step.output_ref is not None:
+            payload = _check_ref(world, run_id, path, step.output_ref, "output artifact")
+            if step.output is not None:
+                raise ArtifactMismatchError(
+                    f"run {run_id!r}, step {path!r}: the output is recorded both inline and"
+                    f" as artifact {step.output_ref.artifact_id}"
+                )
+            try:
+                orjson.loads(payload)
+            except orjson.JSONDecodeError as exc:
+                raise ArtifactMismatchError(
+                    f"run {run_id!r}, step {path!r}: output artifact"
+                    f" {step.output_ref.artifact_id} is not the JSON output it should hold: {exc}"
+                ) from exc
+
+
+def assert_completed_parallel_replay_matches_input(
+    run_id: str, step_path: str, recorded: Sequence[str], recomputed: Sequence[str]
+) -> None:
+    """A parallel group's recomputed branch keys equal the recorded ``ParallelBranchScheduled``."""
+    if tuple(recorded) != tuple(recomputed):
+        added = [k for k in recomputed if k not in recorded]
+        missing = [k for k in recorded if k not in recomputed]
+        detail = []
+        if added:
+            detail.append(f"new branches {added}")
+        if missing:
+            detail.append(f"missing branches {missing}")
+        if not detail:
+            detail.append(f"order {list(recorded)} became {list(recomputed)}")
+        raise ParallelReplayMismatchError(
+            f"run {run_id!r}, parallel group {step_path!r}: the branch set recomputed from the"
+            f" run's data differs from the recorded one ({'; '.join(detail)}): the branches"
+            " function or the data it reads changed; resume with the original code"
+        )
