@@ -39,7 +39,7 @@ from little_es.integrity import (
     assert_workflow_unchanged,
 )
 from little_es.logging import get_logger
-from little_es.materialize import MaterializedRunState, StepFold
+from little_es.materialize import MaterializedRunState, RunFold, StepFold
 from little_es.workflow.authoring import (
     AgentStep,
     BranchStep,
@@ -101,6 +101,57 @@ async def _call(fn: Callable[..., Any], *args: Any) -> Any:
     if inspect.isawaitable(result):
         return await result
     return result
+
+
+def next_attempt(recorded: StepFold | None, max_attempts: int) -> tuple[int, bool, int]:
+    """``(attempt, in_flight, last_allowed_attempt)`` for a step about to run.
+
+    A step started and never finished is *in flight*: it runs again as the same
+    attempt (a crash is not a failure). After a recorded retryable failure the
+    next attempt follows; after the run failed for good, a resume gives the
+    (fixed) code a fresh budget of ``max_attempts``.
+    """
+    if recorded is None:
+        return 1, False, max_attempts
+    if recorded.status == "running":
+        return recorded.attempts, True, max_attempts
+    if recorded.status == "failed":
+        return recorded.attempts + 1, False, recorded.attempts + max_attempts
+    return recorded.attempts + 1, False, max_attempts
+
+
+async def execute_step(
+    world: World, step: TaskStep | AgentStep | DecisionStep, ctx: StepContext
+) -> Any:
+    """Run one attempt of a task, decision or agent step's code (no events are written here
+    except the agent's own harness session). Both engines call this."""
+    if isinstance(step, AgentStep):
+        from little_es.harness.session import run_agent_session
+
+        prompt = step.prompt if isinstance(step.prompt, str) else await _call(step.prompt, ctx)
+        outcome = await run_agent_session(
+            world,
+            run_id=ctx.run_id,
+            step_path=ctx.step_path,
+            attempt=ctx.attempt,
+            model=step.model,
+            tools=tuple(step.tools.values()),
+            prompt=prompt,
+            system=step.system,
+            parameters=step.parameters,
+            max_turns=step.max_turns,
+        )
+        return outcome.output
+    return await _call(step.fn, ctx)
+
+
+def outputs_from_fold(world: World, fold: RunFold) -> dict[str, Any]:
+    """The latest committed output of each top-level step, as a step's context shows them."""
+    outputs: dict[str, Any] = {}
+    for path, step in fold.steps.items():
+        if step.status == "completed" and "/" not in path:
+            outputs[step.step_id] = read_output(world, step.output, step.output_ref)
+    return outputs
 
 
 class _Scheduler:
@@ -169,16 +220,7 @@ class _Scheduler:
         branch_value: Any,
     ) -> Any:
         policy = step.ir.retry
-        if recorded is None:
-            attempt, in_flight, limit = 1, False, policy.max_attempts
-        elif recorded.status == "running":
-            attempt, in_flight, limit = recorded.attempts, True, policy.max_attempts
-        elif recorded.status == "failed":
-            # A resume after the run failed: the fixed code gets a fresh budget.
-            attempt, in_flight = recorded.attempts + 1, False
-            limit = recorded.attempts + policy.max_attempts
-        else:
-            attempt, in_flight, limit = recorded.attempts + 1, False, policy.max_attempts
+        attempt, in_flight, limit = next_attempt(recorded, policy.max_attempts)
         kind = step.ir.kind
         while True:
             session_id = (
@@ -239,29 +281,9 @@ class _Scheduler:
     async def _execute(
         self, step: TaskStep | AgentStep | DecisionStep | SubworkflowStep, ctx: StepContext
     ) -> Any:
-        if isinstance(step, TaskStep | DecisionStep):
-            return await _call(step.fn, ctx)
-        if isinstance(step, AgentStep):
-            return await self._agent(step, ctx)
-        return await self._subworkflow(step, ctx)
-
-    async def _agent(self, step: AgentStep, ctx: StepContext) -> Any:
-        from little_es.harness.session import run_agent_session
-
-        prompt = step.prompt if isinstance(step.prompt, str) else await _call(step.prompt, ctx)
-        outcome = await run_agent_session(
-            self.world,
-            run_id=self.run_id,
-            step_path=ctx.step_path,
-            attempt=ctx.attempt,
-            model=step.model,
-            tools=tuple(step.tools.values()),
-            prompt=prompt,
-            system=step.system,
-            parameters=step.parameters,
-            max_turns=step.max_turns,
-        )
-        return outcome.output
+        if isinstance(step, SubworkflowStep):
+            return await self._subworkflow(step, ctx)
+        return await execute_step(self.world, step, ctx)
 
     async def _subworkflow(self, step: SubworkflowStep, ctx: StepContext) -> Any:
         fold = self.recorder.fold
