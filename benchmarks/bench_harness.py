@@ -1,0 +1,307 @@
+"""Harness session benchmark: recording overhead, fast-forward cost, log bytes per turn.
+
+Run from the repository root::
+
+    .venv/bin/python -m benchmarks.bench_harness
+    .venv/bin/python -m benchmarks.bench_harness --postgres ""   # SQLite only
+
+What it measures, all in one process and one run:
+
+* **Recording overhead** per model call and per tool call, on SQLite and
+  PostgreSQL: a scripted session of ``--turns`` turns, each calling ``k``
+  tools, through :func:`run_agent_session`, against the same loop with no
+  recording (same model, same tools, same request building). The extra time
+  per turn is ``model + k * tool``; measured at ``k = 1`` and ``k = 5`` it
+  gives both. Medians over ``--repeats`` sessions.
+* **Fast-forward** per replayed call: ``run_agent_session`` on a completed
+  session (every call answered from the log) minus loading the session, per
+  replayed model or tool call; and loading the session, per event.
+* **Event-log bytes per turn** for a 200-turn session whose conversation
+  grows every turn: the stored bytes of each turn's events at turns 10, 50,
+  100 and 200, next to the size of the prompt the model is sent at that turn.
+
+PostgreSQL runs in a fresh schema of ``--postgres`` (default
+``postgresql://postgres@127.0.0.1:5432/test``), dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import shutil
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from little_es.domain import HarnessSession
+from little_es.events import ToolCallStarted
+from little_es.harness.messages import Message, ModelRequest, ToolCall, Usage
+from little_es.harness.model import ScriptedModel, ScriptedReply
+from little_es.harness.session import run_agent_session
+from little_es.harness.tools import Tool, ToolContext, tool
+from little_es.ids import session_stream_id
+from little_es.logging import configure_logging
+from little_es.world import World, local_world, memory_world, postgres_world
+
+DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+STEP = "agent"
+SYSTEM = "You are a benchmark."
+PROMPT = "Run the benchmark."
+
+
+async def _echo(text: str, ctx: ToolContext) -> dict[str, Any]:
+    """Echo the text."""
+    return {"echo": text, "call": ctx.call_id}
+
+
+ECHO = tool(_echo, name="echo")
+
+
+def _model(turns: int, calls_per_turn: int, filler: str = "ok") -> ScriptedModel:
+    """``turns`` turns of ``calls_per_turn`` echo calls each, then an answer."""
+
+    def respond(request: ModelRequest) -> ScriptedReply:
+        turn = 1 + sum(1 for m in request.messages if m.role == "assistant")
+        usage = Usage(input_tokens=100, output_tokens=10)
+        if turn > turns:
+            return ScriptedReply(content="done", usage=usage)
+        calls = tuple(
+            ToolCall(id=f"t{turn}c{i}", name="echo", arguments={"text": filler})
+            for i in range(calls_per_turn)
+        )
+        return ScriptedReply(content=f"turn {turn} {filler}", tool_calls=calls, usage=usage)
+
+    return ScriptedModel(respond=respond, provider="bench", model_id="bench-1")
+
+
+async def _recorded(world: World, run_id: str, model: ScriptedModel, max_turns: int) -> None:
+    await run_agent_session(
+        world,
+        run_id=run_id,
+        step_path=STEP,
+        attempt=1,
+        model=model,
+        tools=[ECHO],
+        prompt=PROMPT,
+        system=SYSTEM,
+        max_turns=max_turns,
+    )
+
+
+async def _bare(model: ScriptedModel, tools: list[Tool], max_turns: int) -> None:
+    """The same loop as a session, with nothing recorded: the baseline."""
+    by_name = {t.name: t for t in tools}
+    specs = tuple(t.spec for t in tools)
+    conversation = [Message(role="system", content=SYSTEM), Message(role="user", content=PROMPT)]
+    for _ in range(max_turns):
+        request = ModelRequest.model_construct(
+            messages=tuple(conversation), tools=specs, parameters={}
+        )
+        response = await model.complete(request)
+        conversation.append(response.as_message())
+        if not response.tool_calls:
+            return
+        results = await asyncio.gather(
+            *(
+                by_name[c.name].invoke(
+                    dict(c.arguments),
+                    ToolContext(run_id="bare", session_id="bare", call_id=c.id, step_path=STEP),
+                )
+                for c in response.tool_calls
+            )
+        )
+        for call, result in zip(response.tool_calls, results, strict=True):
+            content = orjson.dumps(result, option=orjson.OPT_SORT_KEYS).decode()
+            conversation.append(
+                Message(role="tool", content=content, tool_call_id=call.id, name=call.name)
+            )
+
+
+async def _timed(fn: Callable[[], Awaitable[None]]) -> float:
+    # Collect first, so one run does not pay for the garbage of the previous ones.
+    gc.collect()
+    start = time.perf_counter()
+    await fn()
+    return time.perf_counter() - start
+
+
+async def recording_overhead(world: World, turns: int, repeats: int) -> tuple[float, float]:
+    """Median extra seconds per model call, and per tool call, that recording costs."""
+    per_turn: dict[int, list[float]] = {1: [], 5: []}
+    for _ in range(repeats):
+        for k, overheads in per_turn.items():
+            run_id = f"bench_{uuid.uuid4().hex[:12]}"
+            rec = await _timed(lambda: _recorded(world, run_id, _model(turns, k), turns + 1))  # noqa: B023
+            bare = await _timed(lambda: _bare(_model(turns, k), [ECHO], turns + 1))  # noqa: B023
+            overheads.append((rec - bare) / turns)
+    # A turn costs model + k * tool: two values of k give both.
+    one, five = statistics.median(per_turn[1]), statistics.median(per_turn[5])
+    tool_call = (five - one) / 4
+    return one - tool_call, tool_call
+
+
+async def fast_forward(world: World, turns: int, repeats: int) -> tuple[float, float, int, int]:
+    """Median seconds per replayed call and to load per event; replayed calls; events.
+
+    Resumes a completed session, so every call is answered from the log; the
+    time spent loading the session inside that same resume is measured apart.
+    """
+    run_id = f"bench_{uuid.uuid4().hex[:12]}"
+    await _recorded(world, run_id, _model(turns, 2), turns + 1)
+    session_id = session_stream_id(run_id, STEP, 1)
+    events = len(world.read_stream(session_id))
+    calls = (turns + 1) + 2 * turns
+    load_session = world.load_session
+    loading = 0.0
+
+    def timed_load(stream_id: uuid.UUID) -> HarnessSession | None:
+        nonlocal loading
+        start = time.perf_counter()
+        try:
+            return load_session(stream_id)
+        finally:
+            loading = time.perf_counter() - start
+
+    world.load_session = timed_load  # type: ignore[method-assign, assignment]
+    walks, loads = [], []
+    try:
+        for _ in range(repeats):
+            total = await _timed(lambda: _recorded(world, run_id, _model(turns, 2), turns + 1))
+            walks.append((total - loading) / calls)
+            loads.append(loading / events)
+    finally:
+        world.load_session = load_session  # type: ignore[method-assign]
+    return statistics.median(walks), statistics.median(loads), calls, events
+
+
+async def bytes_per_turn(world: World, turns: int) -> dict[int, tuple[int, int]]:
+    """Per turn: (stored bytes of the turn's events, bytes of the prompt sent that turn)."""
+    run_id = f"bench_{uuid.uuid4().hex[:12]}"
+    model = _model(turns, 1, filler="x" * 200)
+    await _recorded(world, run_id, model, turns + 1)
+    session_id = session_stream_id(run_id, STEP, 1)
+    events = world.read_stream(session_id)
+    turn_of_call = {e.call_id: e.turn for e in events if isinstance(e, ToolCallStarted)}
+    stored: dict[int, int] = {}
+    for row, event in zip(world.select_stored(session_id), events, strict=True):
+        turn = getattr(event, "turn", None) or turn_of_call.get(getattr(event, "call_id", ""))
+        if turn is not None:
+            stored[turn] = stored.get(turn, 0) + len(row.state)
+    prompts = [
+        len(orjson.dumps([m.model_dump(mode="json") for m in r.messages])) for r in model.requests
+    ]
+    return {t: (stored[t], prompts[t - 1]) for t in stored}
+
+
+@contextmanager
+def _sqlite_world() -> Iterator[World]:
+    root = Path(tempfile.mkdtemp(prefix="bench_harness_"))
+    try:
+        with local_world(root) as world:
+            yield world
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _sqlite_synchronous_normal(world: World) -> None:
+    """What-if only: ``PRAGMA synchronous=NORMAL`` on the world's SQLite connections.
+
+    The world's default is SQLite's FULL: an fsync per commit. In WAL mode
+    NORMAL still survives a killed process (the commit is in the WAL file),
+    not a power cut. This reaches into eventsourcing's pool, which the
+    library itself does not do; it is here to show what the choice costs.
+    """
+    pool: Any = world.app.recorder.datastore.pool  # type: ignore[attr-defined]
+    create = pool._create_connection
+
+    def create_relaxed() -> Any:
+        conn = create()
+        conn._sqlite_conn.execute("PRAGMA synchronous=NORMAL")
+        return conn
+
+    pool._create_connection = create_relaxed
+    for conn in list(pool._pool):
+        conn._sqlite_conn.execute("PRAGMA synchronous=NORMAL")
+
+
+@contextmanager
+def _postgres_world(dsn: str) -> Iterator[World]:
+    import psycopg
+
+    schema = f"bench_harness_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    try:
+        with postgres_world(dsn, schema=schema) as world:
+            yield world
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:9.1f} µs"
+
+
+async def _backend(name: str, world: World, turns: int, repeats: int) -> None:
+    # Warm up: imports, prepared statements, tables.
+    await _recorded(world, f"bench_warm_{uuid.uuid4().hex[:8]}", _model(3, 1), 4)
+    model_call, tool_call = await recording_overhead(world, turns, repeats)
+    per_call, per_event, calls, events = await fast_forward(world, turns, repeats)
+    print(f"{name}")
+    print(f"  recording overhead per model call  {_us(model_call)}")
+    print(f"  recording overhead per tool call   {_us(tool_call)}")
+    print(f"  fast-forward per replayed call     {_us(per_call)}  over {calls} calls")
+    print(f"  loading the session, per event     {_us(per_event)}  over {events} events")
+
+
+async def _main(args: argparse.Namespace) -> None:
+    print(f"{args.turns} turns per timed session, medians of {args.repeats} sessions")
+    with memory_world() as world:
+        await _backend(
+            "memory (no I/O: the library's own CPU cost)", world, args.turns, args.repeats
+        )
+    with _sqlite_world() as world:
+        await _backend("sqlite (local_world, fsync per commit)", world, args.turns, args.repeats)
+        sizes = await bytes_per_turn(world, 200)
+    with _sqlite_world() as world:
+        _sqlite_synchronous_normal(world)
+        await _backend("sqlite, what-if PRAGMA synchronous=NORMAL", world, args.turns, args.repeats)
+    if args.postgres:
+        with _postgres_world(args.postgres) as world:
+            await _backend("postgres (fresh schema)", world, args.turns, args.repeats)
+    base = sizes[10][0]
+    print("event-log bytes per turn, 200 tool-using turns with a growing conversation:")
+    for turn in (10, 50, 100, 200):
+        stored, prompt = sizes[turn]
+        print(
+            f"  turn {turn:3}: {stored:6} bytes logged ({(stored - base) / base:+.1%} vs turn 10),"
+            f" prompt sent {prompt:7} bytes"
+        )
+    worst = max(abs(sizes[t][0] - base) / base for t in range(10, 201))
+    print(f"  largest deviation from turn 10 over turns 10-200: {worst:.1%}")
+
+
+def main() -> None:
+    """Parse the options and print the figures."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--turns", type=int, default=30, help="turns per timed session")
+    parser.add_argument("--repeats", type=int, default=9, help="sessions per median")
+    parser.add_argument(
+        "--postgres", default=DEFAULT_DSN, help="PostgreSQL URL ('' to skip PostgreSQL)"
+    )
+    args = parser.parse_args()
+    configure_logging(level="WARNING")
+    asyncio.run(_main(args))
+
+
+if __name__ == "__main__":
+    main()

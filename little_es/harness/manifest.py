@@ -1,0 +1,213 @@
+"""The harness session manifest: what an agent step attempt may use, pinned when it starts.
+
+A session's manifest records the model (provider and model id), the sha256 of
+the system prompt, each tool's name and schema hash, the parameters and
+``max_turns``. It is the data of :class:`~little_es.workflow.ir.AgentSpecIR`
+(the one description of an agent step), with the tools sorted by name so that
+reordering them is not drift. ``manifest_hash`` is the sha256 of its canonical
+JSON (orjson, sorted keys).
+
+On resume the manifest is computed again from the code and compared with the
+one recorded in ``harness.session.started``: any difference means the
+recorded calls were made by a different agent, so continuing would not be a
+faithful continuation, and :class:`~little_es.errors.CapabilityDriftError`
+says exactly what changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+from uuid import UUID
+
+from pydantic import ValidationError
+
+from little_es.errors import CapabilityDriftError, LittleEsError, RuntimeIntegrityError
+from little_es.events import SessionStarted
+from little_es.harness.messages import JSONValue
+from little_es.harness.model import Model
+from little_es.harness.tools import Tool, resolve_tools
+from little_es.ids import session_stream_id
+from little_es.workflow.ir import AgentSpecIR, AgentToolIR, canonical_json
+from little_es.world import World
+
+__all__ = [
+    "SessionInputError",
+    "assert_session_manifest_consistent",
+    "check_manifest",
+    "compute_manifest",
+]
+
+
+class SessionInputError(LittleEsError, ValueError):
+    """An argument of a harness session (model, tools, prompt, parameters, ...) is unusable."""
+
+
+def compute_manifest(
+    model: Model,
+    tools: Sequence[Tool],
+    system: str | None,
+    parameters: Mapping[str, Any] | None,
+    max_turns: int,
+) -> tuple[dict[str, JSONValue], str]:
+    """The manifest of a session with these inputs, and its hash.
+
+    Raises :class:`SessionInputError` when an input cannot be pinned (a model
+    without a provider or model id, a non-string system prompt, parameters
+    that are not plain JSON, ``max_turns`` below 1) and
+    :class:`~little_es.errors.ToolError` when two tools share a name.
+    """
+    provider = getattr(model, "provider", None)
+    model_id = getattr(model, "model_id", None)
+    if not isinstance(provider, str) or not provider:
+        raise SessionInputError(
+            f"model must have a non-empty string 'provider' (a Model such as ScriptedModel),"
+            f" got {type(model).__name__}"
+        )
+    if not isinstance(model_id, str) or not model_id:
+        raise SessionInputError(
+            f"model must have a non-empty string 'model_id', got {type(model).__name__}"
+        )
+    if system is not None and not isinstance(system, str):
+        raise SessionInputError(f"system must be a string or None, got {type(system).__name__}")
+    if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
+        raise SessionInputError(f"max_turns must be an integer >= 1, got {max_turns!r}")
+    if parameters is not None and not isinstance(parameters, Mapping):
+        raise SessionInputError(
+            "parameters must be a mapping such as {'temperature': 0}, got"
+            f" {type(parameters).__name__}"
+        )
+    resolved = resolve_tools(tools)
+    try:
+        spec = AgentSpecIR(
+            provider=provider,
+            model_id=model_id,
+            system_prompt_sha256=None if system is None else _sha256(system.encode("utf-8")),
+            tools=tuple(
+                AgentToolIR(name=name, schema_hash=resolved[name].schema_hash)
+                for name in sorted(resolved)
+            ),
+            parameters=dict(parameters or {}),
+            max_turns=max_turns,
+        )
+    except ValidationError as exc:
+        problems = "; ".join(err["msg"] for err in exc.errors(include_url=False))
+        raise SessionInputError(f"the session's inputs cannot be pinned: {problems}") from exc
+    manifest: dict[str, JSONValue] = spec.model_dump(mode="json")
+    return manifest, _sha256(canonical_json(manifest))
+
+
+def check_manifest(
+    started: SessionStarted, manifest: Mapping[str, JSONValue], manifest_hash: str
+) -> None:
+    """Raise :class:`~little_es.errors.CapabilityDriftError` unless ``manifest`` was recorded.
+
+    The error names the run, the step path, the attempt and every change
+    (``tool 'search' added``, ``model_id changed from 'a' to 'b'``, ...).
+    """
+    if manifest_hash == started.manifest_hash:
+        return
+    changes = _manifest_changes(started.manifest, manifest)
+    if not changes:
+        # Same fields, different hash: the recorded manifest or its hash was altered.
+        changes = [f"manifest hash changed from {started.manifest_hash} to {manifest_hash}"]
+    raise CapabilityDriftError(
+        f"run {started.run_id!r} step {started.step_path!r} (attempt {started.attempt}): the"
+        f" agent changed since its harness session started: {'; '.join(changes)}. The recorded"
+        " model and tool calls were made by the old agent, so resuming would not be a faithful"
+        " continuation: restore the original model, system prompt, tools, parameters and"
+        " max_turns to resume this run, or start a new run"
+    )
+
+
+def assert_session_manifest_consistent(
+    world: World,
+    *,
+    run_id: str,
+    step_path: str,
+    attempt: int,
+    model: Model,
+    tools: Sequence[Tool],
+    system: str | None = None,
+    parameters: Mapping[str, Any] | None = None,
+    max_turns: int = 20,
+) -> None:
+    """Before resuming an agent step: check its recorded session against the current agent.
+
+    Does nothing when the attempt never started a session. Otherwise raises
+    :class:`~little_es.errors.CapabilityDriftError` naming what changed. Reads
+    only the session's first event, however long the session is.
+    """
+    started = _read_session_started(world, session_stream_id(run_id, step_path, attempt))
+    if started is None:
+        return
+    manifest, manifest_hash = compute_manifest(model, tools, system, parameters, max_turns)
+    check_manifest(started, manifest, manifest_hash)
+
+
+def _read_session_started(world: World, session_id: UUID) -> SessionStarted | None:
+    stored = world.app.recorder.select_events(session_id, limit=1)
+    if not stored:
+        return None
+    first = world.app.mapper.to_domain_event(stored[0])
+    if not isinstance(first, SessionStarted):
+        raise RuntimeIntegrityError(
+            f"harness session {session_id} does not begin with harness.session.started but"
+            f" with {type(first).__name__}: the log is not one little_es wrote"
+        )
+    return first
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _manifest_changes(old: Mapping[str, JSONValue], new: Mapping[str, JSONValue]) -> list[str]:
+    changes: list[str] = []
+    for key in ("provider", "model_id", "max_turns"):
+        if old.get(key) != new.get(key):
+            changes.append(f"{key} changed from {old.get(key)!r} to {new.get(key)!r}")
+    old_system, new_system = old.get("system_prompt_sha256"), new.get("system_prompt_sha256")
+    if old_system != new_system:
+        if old_system is None:
+            changes.append("system prompt added")
+        elif new_system is None:
+            changes.append("system prompt removed")
+        else:
+            changes.append("system prompt changed")
+    changes += _tool_changes(old.get("tools"), new.get("tools"))
+    changes += _parameter_changes(old.get("parameters"), new.get("parameters"))
+    known = {"provider", "model_id", "max_turns", "system_prompt_sha256", "tools", "parameters"}
+    for key in sorted((set(old) | set(new)) - known):
+        if old.get(key) != new.get(key):
+            changes.append(f"{key} changed from {old.get(key)!r} to {new.get(key)!r}")
+    return changes
+
+
+def _tool_changes(old: JSONValue, new: JSONValue) -> list[str]:
+    def by_name(tools: JSONValue) -> dict[str, JSONValue]:
+        return {t["name"]: t.get("schema_hash") for t in tools or () if isinstance(t, dict)}
+
+    before, after = by_name(old), by_name(new)
+    changes = [f"tool {n!r} added" for n in sorted(after.keys() - before.keys())]
+    changes += [f"tool {n!r} removed" for n in sorted(before.keys() - after.keys())]
+    changes += [
+        f"tool {n!r} schema changed"
+        for n in sorted(before.keys() & after.keys())
+        if before[n] != after[n]
+    ]
+    return changes
+
+
+def _parameter_changes(old: JSONValue, new: JSONValue) -> list[str]:
+    before = old if isinstance(old, dict) else {}
+    after = new if isinstance(new, dict) else {}
+    changes = [f"parameter {k!r} added" for k in sorted(after.keys() - before.keys())]
+    changes += [f"parameter {k!r} removed" for k in sorted(before.keys() - after.keys())]
+    changes += [
+        f"parameter {k!r} changed from {before[k]!r} to {after[k]!r}"
+        for k in sorted(before.keys() & after.keys())
+        if before[k] != after[k]
+    ]
+    return changes

@@ -1,0 +1,448 @@
+"""Agent harness sessions: the model/tool loop, recorded write-ahead and memoized per call.
+
+:func:`run_agent_session` runs one attempt of an agent step. Every model call
+and tool call goes through the session's ``HarnessSession`` stream:
+
+* ``harness.model.called`` (the messages added since the previous call, and a
+  hash chain over the whole conversation) is committed *before* the model is
+  called, ``harness.model.responded`` after;
+* ``harness.tool_call.started`` for every call of a response is committed
+  *before* any of them runs; the calls then run concurrently and each
+  ``succeeded``/``failed`` is committed as it finishes;
+* ``harness.session.completed`` (usage rollup, turns, output) ends it.
+
+Events between which nothing runs share one transaction, since a commit
+(an fsync on SQLite) is the main cost of recording: ``session.started`` with
+turn 1's ``model.called``; a response with its tool calls' starts (or with
+``session.completed``); the last result of a turn's tool calls with the next
+``model.called``. The log's order and content are the same either way.
+
+The same loop resumes a crashed session. The session id is derived from
+``(run_id, step_path, attempt)``, so a process that restarts finds the session
+and continues it. Each call is looked up in the recorded session first: a model
+call with a recorded response and a tool call with a recorded result are
+answered from the log (and the rebuilt conversation is checked against the
+recorded hash chain); only the call that was in flight at the crash is made
+again, with the same messages or the same arguments. A call is made at most
+once per process that resumes; a crash between invoking a tool and recording
+its result can repeat that one call, which is what
+:attr:`~little_es.harness.tools.ToolContext.idempotency_key` is for.
+
+Failures: a tool that raises, an unknown tool name and invalid arguments are
+recorded as ``harness.tool_call.failed`` and shown to the model. A
+:class:`~little_es.errors.ModelError` (retryable or not) propagates with the
+turn's ``harness.model.called`` left without a response; retrying is the
+runtime's step retry policy, and a retry after a recorded ``StepFailed`` is a
+new attempt, hence a new session. A process that merely crashed resumes the
+same attempt and re-invokes the model for that turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+from uuid import UUID
+
+import orjson
+from pydantic import BaseModel, ConfigDict
+
+from little_es.domain import HarnessSession
+from little_es.errors import RuntimeIntegrityError, StepExecutionError, ToolError
+from little_es.events import (
+    ErrorInfo,
+    ModelCalled,
+    ModelResponded,
+    SessionCompleted,
+    SessionStarted,
+    ToolCallFailed,
+    ToolCallStarted,
+    ToolCallSucceeded,
+)
+from little_es.harness.manifest import SessionInputError, check_manifest, compute_manifest
+from little_es.harness.messages import Message, ModelRequest, ModelResponse, ToolCall, Usage
+from little_es.harness.model import Model
+from little_es.harness.tools import Tool, ToolContext, resolve_tools
+from little_es.ids import session_stream_id, validate_run_id
+from little_es.logging import get_logger
+from little_es.world import World
+
+__all__ = [
+    "ConversationDivergedError",
+    "SessionInputError",
+    "SessionOutcome",
+    "TurnLimitExceededError",
+    "conversation_hash",
+    "run_agent_session",
+]
+
+
+class TurnLimitExceededError(StepExecutionError):
+    """The model was still calling tools after ``max_turns`` model calls.
+
+    Nothing is recorded for the calls the last response asked for, and the
+    session is not marked completed. Not retryable: the same attempt would
+    stop at the same place; raise ``max_turns`` or tighten the prompt.
+    """
+
+    retryable = False
+
+
+class ConversationDivergedError(RuntimeIntegrityError):
+    """A resumed session's rebuilt conversation does not match what its log recorded.
+
+    The user prompt (or the recorded responses and results) differ from those
+    the session was started with, so the recorded calls cannot stand in for
+    new ones.
+    """
+
+    retryable = False
+
+
+class SessionOutcome(BaseModel):
+    """What one agent session produced, and how many calls this process really made.
+
+    ``model_calls_made`` / ``tool_calls_made`` count live calls in this
+    process (a tool call refused for an unknown name or invalid arguments
+    counts: it was resolved live); ``replayed_model_calls`` /
+    ``replayed_tool_calls`` count calls answered from the log.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    session_id: UUID
+    output: str | None
+    conversation: tuple[Message, ...]
+    turns: int
+    usage: Usage
+    model_calls_made: int
+    tool_calls_made: int
+    replayed_model_calls: int
+    replayed_tool_calls: int
+
+
+def conversation_hash(previous: str, messages: Sequence[Message]) -> str:
+    """Extend the conversation hash chain ``previous`` (``""`` at the start) by ``messages``.
+
+    Each message adds ``h = sha256(h + canonical JSON of the message)``, with
+    canonical JSON being orjson with sorted keys of the message's JSON dump.
+    """
+    h = previous
+    for message in messages:
+        data = orjson.dumps(message.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
+        h = hashlib.sha256(h.encode() + data).hexdigest()
+    return h
+
+
+async def run_agent_session(
+    world: World,
+    *,
+    run_id: str,
+    step_path: str,
+    attempt: int,
+    model: Model,
+    tools: Sequence[Tool],
+    prompt: str,
+    system: str | None = None,
+    parameters: Mapping[str, Any] | None = None,
+    max_turns: int = 20,
+) -> SessionOutcome:
+    """Run (or resume) the harness session of one attempt of an agent step.
+
+    Starts the session if ``(run_id, step_path, attempt)`` has none, else
+    checks its manifest and fast-forwards through its recorded calls. Returns
+    the final assistant content and the whole conversation. Raises
+    :class:`SessionInputError` or :class:`~little_es.errors.InvalidRunIdError`
+    for unusable arguments, :class:`~little_es.errors.CapabilityDriftError`
+    when the agent changed since the session started,
+    :class:`ConversationDivergedError` when the rebuilt conversation disagrees
+    with the log, :class:`TurnLimitExceededError` after ``max_turns`` model
+    calls without a final answer, and lets the model's
+    :class:`~little_es.errors.ModelError` and
+    :class:`~little_es.errors.ConcurrencyConflictError` propagate.
+    """
+    validate_run_id(run_id)
+    if not isinstance(step_path, str) or not step_path:
+        raise SessionInputError(f"step_path must be a non-empty string, got {step_path!r}")
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
+        raise SessionInputError(f"attempt must be an integer >= 1, got {attempt!r}")
+    if not isinstance(prompt, str) or not prompt:
+        raise SessionInputError("prompt must be a non-empty string: give the task to the model")
+    if not callable(getattr(model, "complete", None)):
+        raise SessionInputError(
+            f"model must have an async complete(request) method, got {type(model).__name__}"
+        )
+    manifest, manifest_hash = compute_manifest(model, tools, system, parameters, max_turns)
+    session_id = session_stream_id(run_id, step_path, attempt)
+    session = world.load_session(session_id)
+    if session is None:
+        session = HarnessSession(run_id, step_path, attempt)
+        session.trigger(
+            SessionStarted,
+            run_id=run_id,
+            step_path=step_path,
+            attempt=attempt,
+            manifest=manifest,
+            manifest_hash=manifest_hash,
+        )
+        # Not saved alone: it is committed with turn 1's harness.model.called.
+    elif session.started is None:
+        raise ConversationDivergedError(
+            f"run {run_id!r} step {step_path!r} (attempt {attempt}): harness session"
+            f" {session_id} has events but no harness.session.started: the log is not one"
+            " little_es wrote"
+        )
+    else:
+        check_manifest(session.started, manifest, manifest_hash)
+    initial = [Message(role="user", content=prompt)]
+    if system is not None:
+        initial.insert(0, Message(role="system", content=system))
+    loop = _SessionLoop(
+        world,
+        session,
+        run_id=run_id,
+        step_path=step_path,
+        attempt=attempt,
+        model=model,
+        tools=resolve_tools(tools),
+        parameters=dict(manifest["parameters"]),
+        max_turns=max_turns,
+        conversation=initial,
+    )
+    return await loop.run()
+
+
+class _SessionLoop:
+    """The turn loop of one session; every call is looked up in the session before it is made."""
+
+    def __init__(
+        self,
+        world: World,
+        session: HarnessSession,
+        *,
+        run_id: str,
+        step_path: str,
+        attempt: int,
+        model: Model,
+        tools: Mapping[str, Tool],
+        parameters: dict[str, Any],
+        max_turns: int,
+        conversation: list[Message],
+    ) -> None:
+        self.world = world
+        self.session = session
+        self.run_id = run_id
+        self.step_path = step_path
+        self.attempt = attempt
+        self.model = model
+        self.tools = tools
+        self.tool_specs = tuple(t.spec for t in tools.values())
+        self.parameters = parameters
+        self.max_turns = max_turns
+        self.conversation = conversation
+        self.session_id = str(session.id)
+        self.used_call_ids: set[str] = set()
+        self._running = 0
+        self.model_calls_made = 0
+        self.tool_calls_made = 0
+        self.replayed_model_calls = 0
+        self.replayed_tool_calls = 0
+
+    def _where(self, turn: int) -> str:
+        return f"run {self.run_id!r} step {self.step_path!r} (attempt {self.attempt}) turn {turn}"
+
+    async def run(self) -> SessionOutcome:
+        session = self.session
+        if session.version > 1:
+            get_logger(
+                run_id=self.run_id,
+                step_path=self.step_path,
+                session_id=self.session_id,
+                attempt=self.attempt,
+            ).info(
+                "harness.session.replaying",
+                recorded_turns=len(session.called),
+                completed=session.completed is not None,
+            )
+        h = ""
+        sent = 0
+        usages: list[Usage] = []
+        for turn in range(1, self.max_turns + 1):
+            new = self.conversation[sent:]
+            h = conversation_hash(h, new)
+            sent = len(self.conversation)
+            called = session.called.get(turn)
+            if called is None:
+                session.trigger(ModelCalled, turn=turn, messages=tuple(new), conversation_hash=h)
+            elif called.conversation_hash != h:
+                raise ConversationDivergedError(
+                    f"{self._where(turn)}: the rebuilt conversation does not match the one"
+                    " recorded in harness.model.called (hash chain differs): the prompt or the"
+                    " recorded history changed since the session started; resume with the"
+                    " original prompt, or start a new run"
+                )
+            # Committed before the model is called, in one transaction with what
+            # nothing ran between: SessionStarted, or the previous turn's last result.
+            self.world.save(session)
+            response = await self._response(turn)
+            usages.append(response.usage)
+            self.conversation.append(response.as_message())
+            if not response.tool_calls:
+                return self._complete(turn, response, _sum_usage(usages))
+            if turn == self.max_turns:
+                self.world.save(session)
+                raise TurnLimitExceededError(
+                    f"{self._where(turn)}: the model still asked for tools"
+                    f" ({', '.join(c.name for c in response.tool_calls)}) after max_turns="
+                    f"{self.max_turns} model calls; raise max_turns or tell the model when to"
+                    " stop"
+                )
+            await self._tool_calls(turn, response.tool_calls)
+        raise AssertionError("unreachable: the last turn returns or raises")  # pragma: no cover
+
+    async def _response(self, turn: int) -> ModelResponse:
+        recorded = self.session.responses.get(turn)
+        if recorded is not None:
+            self.replayed_model_calls += 1
+            return recorded.response
+        # Built without re-validating: every part is an already validated value object.
+        request = ModelRequest.model_construct(
+            messages=tuple(self.conversation), tools=self.tool_specs, parameters=self.parameters
+        )
+        self.model_calls_made += 1
+        response = await self.model.complete(request)
+        if not isinstance(response, ModelResponse):
+            raise SessionInputError(
+                f"{self._where(turn)}: {type(self.model).__name__}.complete returned"
+                f" {type(response).__name__}, not a ModelResponse"
+            )
+        # Saved by the caller with what follows it: the tool calls' starts, or
+        # the session's completion.
+        self.session.trigger(ModelResponded, turn=turn, response=response, step_path=self.step_path)
+        return response
+
+    async def _tool_calls(self, turn: int, calls: tuple[ToolCall, ...]) -> None:
+        session = self.session
+        call_ids = [self._unique_call_id(call.id, turn) for call in calls]
+        for call_id, call in zip(call_ids, calls, strict=True):
+            started = session.tool_calls.get(call_id)
+            if started is not None and (
+                started.turn != turn or started.name != call.name or started.args != call.arguments
+            ):
+                raise ConversationDivergedError(
+                    f"{self._where(turn)}: recorded tool call {call_id!r} ({started.name}) does"
+                    f" not match the recorded response's call ({call.name}): the log is"
+                    " inconsistent"
+                )
+        unstarted = [
+            (call_id, call)
+            for call_id, call in zip(call_ids, calls, strict=True)
+            if call_id not in session.tool_calls
+        ]
+        for call_id, call in unstarted:
+            session.trigger(
+                ToolCallStarted, turn=turn, call_id=call_id, name=call.name, args=call.arguments
+            )
+        # The response and every start in one transaction, before any tool runs.
+        self.world.save(session)
+        pending = [session.tool_calls[c] for c in call_ids if c not in session.tool_results]
+        self.replayed_tool_calls += len(call_ids) - len(pending)
+        self._running = len(pending)
+        if pending:
+            tasks = [asyncio.ensure_future(self._invoke(started)) for started in pending]
+            try:
+                await asyncio.gather(*tasks)
+            except BaseException:
+                # Calls still running must not record results after the session gave up.
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
+        for call_id, call in zip(call_ids, calls, strict=True):
+            self.conversation.append(_tool_message(call, session.tool_results[call_id]))
+
+    def _unique_call_id(self, model_call_id: str, turn: int) -> str:
+        # Some models reuse ids across turns (call_0 every turn); the recorded id
+        # must name one call of the session, and must be the same on every resume.
+        call_id = model_call_id
+        n = 1
+        while call_id in self.used_call_ids:
+            call_id = f"{model_call_id}#t{turn}" if n == 1 else f"{model_call_id}#t{turn}.{n}"
+            n += 1
+        self.used_call_ids.add(call_id)
+        return call_id
+
+    async def _invoke(self, started: ToolCallStarted) -> None:
+        self.tool_calls_made += 1
+        tool = self.tools.get(started.name)
+        try:
+            if tool is None:
+                raise ToolError(
+                    f"no tool named {started.name!r}; the tools are:"
+                    f" {', '.join(sorted(self.tools)) or 'none'}"
+                )
+            context = ToolContext(
+                run_id=self.run_id,
+                session_id=self.session_id,
+                call_id=started.call_id,
+                step_path=self.step_path,
+            )
+            result = await tool.invoke(dict(started.args), context)
+        except Exception as exc:
+            self.session.trigger(
+                ToolCallFailed, call_id=started.call_id, error=ErrorInfo.from_exception(exc)
+            )
+        else:
+            self.session.trigger(ToolCallSucceeded, call_id=started.call_id, result=result)
+        self._running -= 1
+        # Each result is committed as it finishes, except the last of the batch:
+        # nothing runs between it and the next turn's harness.model.called, so
+        # it rides in that transaction (one commit, often one fsync, per turn saved).
+        if self._running:
+            self.world.save(self.session)
+
+    def _complete(self, turn: int, response: ModelResponse, usage: Usage) -> SessionOutcome:
+        completed = self.session.completed
+        if completed is None:
+            self.session.trigger(SessionCompleted, usage=usage, turns=turn, output=response.content)
+            self.world.save(self.session)
+        elif completed.turns != turn:
+            raise ConversationDivergedError(
+                f"{self._where(turn)}: the session is recorded completed after"
+                f" {completed.turns} turns but its log ends at turn {turn}: the log is"
+                " inconsistent"
+            )
+        return SessionOutcome(
+            session_id=self.session.id,
+            output=response.content,
+            conversation=tuple(self.conversation),
+            turns=turn,
+            usage=usage,
+            model_calls_made=self.model_calls_made,
+            tool_calls_made=self.tool_calls_made,
+            replayed_model_calls=self.replayed_model_calls,
+            replayed_tool_calls=self.replayed_tool_calls,
+        )
+
+
+def _sum_usage(usages: Sequence[Usage]) -> Usage:
+    # Summed once at the end: building a Usage runs its validators.
+    return Usage(
+        input_tokens=sum(u.input_tokens for u in usages),
+        output_tokens=sum(u.output_tokens for u in usages),
+        cached_input_tokens=sum(u.cached_input_tokens for u in usages),
+        reasoning_tokens=sum(u.reasoning_tokens for u in usages),
+    )
+
+
+def _tool_message(call: ToolCall, result: ToolCallSucceeded | ToolCallFailed) -> Message:
+    # The conversation keeps the model's own call id, so the tool message
+    # answers the call the assistant message names, whatever id was recorded.
+    if isinstance(result, ToolCallFailed):
+        content = f"error: {result.error.type}: {result.error.message}"
+    elif isinstance(result.result, str):
+        content = result.result
+    else:
+        content = orjson.dumps(result.result, option=orjson.OPT_SORT_KEYS).decode()
+    return Message(role="tool", content=content, tool_call_id=call.id, name=call.name)
