@@ -162,6 +162,12 @@ class FileArtifactStore(ArtifactStore):
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+        # The rename is durable only once the directory entry is on disk too.
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
     def _read_blob(self, sha256: str) -> bytes | None:
         try:
@@ -195,8 +201,11 @@ class PostgresArtifactStore(ArtifactStore):
             )
 
     def _read_blob(self, sha256: str) -> bytes | None:
-        with self._pool.connection() as conn:
-            row = conn.execute(
+        from psycopg.rows import tuple_row
+
+        # Pools shared with eventsourcing hand out connections that make dict rows.
+        with self._pool.connection() as conn, conn.cursor(row_factory=tuple_row) as cur:
+            row = cur.execute(
                 f"SELECT data FROM {self._table} WHERE sha256 = %s", (sha256,)
             ).fetchone()
         return None if row is None else bytes(row[0])

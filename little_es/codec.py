@@ -21,7 +21,8 @@ from pydantic import ValidationError
 from little_es.errors import EventPayloadError, UnknownEventTypeError
 from little_es.events import Event, event_class_for
 
-_ORIGINATOR_FIELDS = frozenset({"originator_id", "originator_version"})
+# A set, not a frozenset: pydantic's ``exclude`` is typed as set or mapping.
+_ORIGINATOR_FIELDS: set[str] = {"originator_id", "originator_version"}
 
 
 class OrjsonTranscoder(Transcoder):
@@ -46,7 +47,7 @@ class PydanticMapper(Mapper[UUID]):
         if not wire_name:
             raise TypeError(
                 f"{type(event).__qualname__} has no wire_name: set"
-                " `wire_name: ClassVar[str] = \"...\"` on the class to make it storable"
+                ' `wire_name: ClassVar[str] = "..."` on the class to make it storable'
             )
         state = event.model_dump(mode="json", exclude=_ORIGINATOR_FIELDS)
         if type(event).class_version > 1:
@@ -94,6 +95,14 @@ class PydanticMapper(Mapper[UUID]):
                 f" {stored.originator_version}) is not a JSON object; the log is corrupt"
             )
         from_version = state.pop("class_version", 1)
+        if type(from_version) is not int or not 1 <= from_version <= cls.class_version:
+            # A payload from newer code may mean something this code cannot tell.
+            raise EventPayloadError(
+                f"stored event {stored.topic!r} (stream {stored.originator_id}, version"
+                f" {stored.originator_version}) has class_version {from_version!r}, but"
+                f" {cls.__qualname__} is at class_version {cls.class_version}: read this log"
+                " with the code that wrote it (or newer)"
+            )
         while from_version < cls.class_version:
             upcast = getattr(cls, f"upcast_v{from_version}_v{from_version + 1}", None)
             if upcast is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import threading
 from abc import ABC, abstractmethod
@@ -101,15 +102,19 @@ class PostgresRunLeases(RunLeases):
     when the holding process dies.
     """
 
-    def __init__(self, conninfo: str) -> None:
+    def __init__(self, conninfo: str, *, scope: str = "public") -> None:
         self._conninfo = conninfo
+        self._scope = scope.encode()
 
     def _acquire(self, key: UUID) -> Any | None:
         import psycopg
 
         conn = psycopg.connect(self._conninfo, autocommit=True)
-        # Advisory lock keys are signed 64-bit integers.
-        lock_key = int.from_bytes(key.bytes[:8], "big", signed=True)
+        # Advisory locks are per database, not per schema: mix the world's schema
+        # in, or worlds in two schemas of one database would lock each other's
+        # runs. Keys are signed 64-bit integers.
+        digest = hashlib.sha256(self._scope + b":" + key.bytes).digest()
+        lock_key = int.from_bytes(digest[:8], "big", signed=True)
         row = conn.execute("SELECT pg_try_advisory_lock(%s)", (lock_key,)).fetchone()
         if row is None or not row[0]:
             conn.close()

@@ -314,7 +314,8 @@ def postgres_world(dsn: str, *, schema: str = "") -> World:
         f" user={unquote(parts.username or 'postgres')}"
         + (f" password={unquote(parts.password)}" if parts.password else "")
     )
-    return World(app, artifacts, PostgresRunLeases(conninfo), _redact(dsn))
+    leases = PostgresRunLeases(conninfo, scope=schema or "public")
+    return World(app, artifacts, leases, _redact(dsn))
 
 
 def open_world(url: str | None = None) -> World:

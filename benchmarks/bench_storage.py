@@ -1,0 +1,440 @@
+"""How fast the event log stores and reads events, on SQLite and PostgreSQL.
+
+For each backend, in a fresh world (a temporary directory; a PostgreSQL schema
+created for the run and dropped after it), with a realistic harness mix (mostly
+``harness.model.called`` / ``harness.model.responded`` of a few hundred bytes,
+some tool calls):
+
+* append 1: the median (and p95) time of ``World.save`` of one event, i.e. one
+  durable transaction, over ``--single`` samples;
+* append batch: events/s of ``World.save`` over ``--events`` events, ``--batch``
+  per save (encoding and writing; building the events is timed apart);
+* read_stream: events/s of ``World.read_stream`` of that stream (decoded and
+  validated pydantic events), best of ``--repeat``;
+* rows: events/s of eventsourcing's recorder ``select_events`` (no decoding);
+* raw: events/s of a direct ``SELECT`` + ``orjson.loads`` of the same rows
+  (``sqlite3`` / ``psycopg``), the floor any decoder sits on; and the ratio.
+
+Snapshotting is switched off: it is not storage, and a ``HarnessSession``
+snapshot holds the whole session (see ``bench_snapshots.py``).
+
+    .venv/bin/python benchmarks/bench_storage.py [--events 100000] [--backends sqlite,postgres]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.metadata
+import os
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import psycopg
+from psycopg import sql
+
+from little_es.domain import HarnessSession
+from little_es.events import (
+    ModelCalled,
+    ModelResponded,
+    SessionStarted,
+    ToolCallStarted,
+    ToolCallSucceeded,
+)
+from little_es.harness.messages import Message, ModelResponse, ToolCall, Usage
+from little_es.world import LittleApplication, World, local_world, postgres_world
+
+DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+RUN_ID = "run_bench_storage"
+
+_WORDS = [
+    *[
+        "the",
+        "customer",
+        "reports",
+        "that",
+        "the",
+        "invoice",
+        "total",
+        "does",
+        "not",
+        "match",
+        "the",
+        "order",
+        "lines",
+    ],
+    *[
+        "and",
+        "asks",
+        "for",
+        "a",
+        "corrected",
+        "statement",
+        "before",
+        "the",
+        "end",
+        "of",
+        "the",
+        "quarter",
+    ],
+]
+
+
+def _text(seed: int, words: int) -> str:
+    return " ".join(_WORDS[(seed * 7 + i) % len(_WORDS)] for i in range(words))
+
+
+def open_session(run_id: str, step_path: str) -> HarnessSession:
+    """A new HarnessSession with its ``harness.session.started`` queued."""
+    session = HarnessSession(run_id, step_path, 1)
+    session.trigger(
+        SessionStarted,
+        run_id=run_id,
+        step_path=step_path,
+        attempt=1,
+        manifest={"model": "gpt-4o-mini", "tools": ["lookup_invoice"], "temperature": 0},
+        manifest_hash="5" * 64,
+    )
+    return session
+
+
+def _queue_only() -> None:
+    """The default ``each``: leave events queued."""
+
+
+def add_turn(session: HarnessSession, turn: int, each: Callable[[], None] = _queue_only) -> int:
+    """Queue one turn of the realistic mix; return how many events it added.
+
+    Every turn: model called (one new message, ~250 bytes) and responded (~250
+    bytes of text, usage); one turn in four also calls a tool. ``each`` runs
+    after every event (to save them one at a time, as the write-ahead path does).
+    """
+    with_tool = turn % 4 == 0
+    call_id = f"call_{turn}"
+    session.trigger(
+        ModelCalled,
+        turn=turn,
+        messages=(Message(role="user", content=_text(turn, 40)),),
+        conversation_hash=f"{turn:064x}",
+    )
+    each()
+    session.trigger(
+        ModelResponded,
+        turn=turn,
+        response=ModelResponse(
+            content=_text(turn + 1, 40),
+            tool_calls=(
+                (ToolCall(id=call_id, name="lookup_invoice", arguments={"invoice": turn}),)
+                if with_tool
+                else ()
+            ),
+            usage=Usage(input_tokens=1200 + turn, output_tokens=180, cached_input_tokens=1024),
+            provider="openai",
+            model="gpt-4o-mini",
+        ),
+    )
+    each()
+    if not with_tool:
+        return 2
+    session.trigger(
+        ToolCallStarted, turn=turn, call_id=call_id, name="lookup_invoice", args={"invoice": turn}
+    )
+    each()
+    session.trigger(
+        ToolCallSucceeded,
+        call_id=call_id,
+        result={"invoice": turn, "lines": [{"sku": "A-1", "qty": 2, "total": 19.9}]},
+    )
+    each()
+    return 4
+
+
+def turns_for(session: HarnessSession, events: int, start_turn: int = 1) -> Iterator[int]:
+    """Queue turns until ``events`` more events are queued; yield after each turn."""
+    queued, turn = 0, start_turn
+    while queued < events:
+        queued += add_turn(session, turn)
+        turn += 1
+        yield queued
+
+
+@contextmanager
+def without_snapshots() -> Iterator[None]:
+    """Switch snapshotting off for worlds opened inside the block."""
+    saved = dict(LittleApplication.snapshotting_intervals)
+    LittleApplication.snapshotting_intervals.clear()
+    try:
+        yield
+    finally:
+        LittleApplication.snapshotting_intervals.update(saved)
+
+
+class Backend:
+    """A fresh world on one backend, and a raw reader of its event rows."""
+
+    name = ""
+
+    def open(self) -> World:
+        """Open the world."""
+        raise NotImplementedError
+
+    def raw_read(self, stream_id: UUID) -> list[tuple[str, Any]]:
+        """``SELECT topic, state`` of a stream, in order, with ``orjson.loads`` of each state."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """Server/library version, for the report."""
+        raise NotImplementedError
+
+    def cleanup(self) -> None:
+        """Remove what the benchmark stored."""
+
+
+class SqliteBackend(Backend):
+    """``local_world`` in a temporary directory."""
+
+    name = "sqlite"
+
+    def __init__(self) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="little_es_bench_")
+        self.data_dir = Path(self._tmp.name)
+
+    def open(self) -> World:
+        """Open the world."""
+        return local_world(self.data_dir)
+
+    def raw_read(self, stream_id: UUID) -> list[tuple[str, Any]]:
+        """Direct sqlite3 query plus orjson."""
+        conn = sqlite3.connect(self.data_dir / "events.sqlite3")
+        try:
+            rows = conn.execute(
+                "SELECT topic, state FROM stored_events WHERE originator_id = ?"
+                " ORDER BY originator_version",
+                (stream_id.hex,),
+            ).fetchall()
+        finally:
+            conn.close()
+        loads = orjson.loads
+        return [(topic, loads(state)) for topic, state in rows]
+
+    def describe(self) -> str:
+        """SQLite library version and journal mode."""
+        return f"SQLite {sqlite3.sqlite_version} (WAL, synchronous=FULL default)"
+
+    def cleanup(self) -> None:
+        """Delete the directory."""
+        self._tmp.cleanup()
+
+
+class PostgresBackend(Backend):
+    """``postgres_world`` in a schema of its own."""
+
+    name = "postgres"
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.schema = f"little_es_bench_{uuid.uuid4().hex[:10]}"
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(self.schema)))
+
+    def open(self) -> World:
+        """Open the world."""
+        return postgres_world(self.dsn, schema=self.schema)
+
+    def raw_read(self, stream_id: UUID) -> list[tuple[str, Any]]:
+        """Direct psycopg query plus orjson."""
+        with psycopg.connect(self.dsn) as conn:
+            rows = conn.execute(
+                sql.SQL(
+                    "SELECT topic, state FROM {}.littlees_events WHERE originator_id = %s"
+                    " ORDER BY originator_version"
+                ).format(sql.Identifier(self.schema)),
+                (stream_id,),
+            ).fetchall()
+        loads = orjson.loads
+        return [(topic, loads(state)) for topic, state in rows]
+
+    def describe(self) -> str:
+        """Server version."""
+        with psycopg.connect(self.dsn) as conn:
+            row = conn.execute("SHOW server_version").fetchone()
+            sync = conn.execute("SHOW synchronous_commit").fetchone()
+        assert row is not None and sync is not None
+        return f"PostgreSQL {row[0]} (synchronous_commit={sync[0]}, psycopg {psycopg.__version__})"
+
+    def cleanup(self) -> None:
+        """Drop the schema."""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(self.schema))
+            )
+
+
+def _best(repeat: int, fn: Callable[[], int]) -> tuple[float, int]:
+    """The best wall time of ``repeat`` calls of ``fn`` and what it returned.
+
+    The cyclic collector is paused around each call, as ``World.read_stream``
+    pauses it while decoding, so that every reader is measured alike.
+    """
+    best, result = float("inf"), 0
+    for _ in range(repeat):
+        gc.collect()
+        gc.disable()
+        try:
+            start = time.perf_counter()
+            result = fn()
+            best = min(best, time.perf_counter() - start)
+        finally:
+            gc.enable()
+    return best, result
+
+
+def measure(
+    backend: Backend, *, events: int, batch: int, single: int, repeat: int
+) -> dict[str, Any]:
+    """Run every measurement on one backend; return the figures."""
+    out: dict[str, Any] = {"describe": backend.describe()}
+    with without_snapshots(), backend.open() as world:
+        # One event per save: the write-ahead path of a harness call.
+        short = open_session(RUN_ID, "single")
+        world.save(short)
+        samples: list[float] = []
+
+        def timed_save() -> None:
+            start = time.perf_counter()
+            world.save(short)
+            samples.append(time.perf_counter() - start)
+
+        turn = 1
+        while len(samples) < single:
+            add_turn(short, turn, timed_save)
+            turn += 1
+        out["single_median_ms"] = statistics.median(samples) * 1000
+        out["single_p95_ms"] = statistics.quantiles(samples, n=20)[-1] * 1000
+
+        # Batches of ``batch`` events per save, into one long stream.
+        session = open_session(RUN_ID, "long")
+        build_s = save_s = 0.0
+        written = 0
+        start = time.perf_counter()
+        for queued in turns_for(session, events - 1):
+            if len(session.pending_events) >= batch or queued >= events - 1:
+                build_s += time.perf_counter() - start
+                pending = len(session.pending_events)
+                t0 = time.perf_counter()
+                world.save(session)
+                save_s += time.perf_counter() - t0
+                written += pending
+                start = time.perf_counter()
+        out["events"] = written
+        out["append_eps"] = written / save_s
+        out["build_eps"] = written / build_s
+        rows = world.select_stored(session.id)
+        out["mean_bytes"] = statistics.fmean(len(r.state) for r in rows)
+        del rows
+
+        sid = session.id
+        # The writer's aggregate holds every event; a reader process would not.
+        del session
+        gc.collect()
+        out["read_s"], n_read = _best(repeat, lambda: len(world.read_stream(sid)))
+        out["rows_s"], n_rows = _best(repeat, lambda: len(world.select_stored(sid)))
+        out["raw_s"], n_raw = _best(repeat, lambda: len(backend.raw_read(sid)))
+        assert n_read == n_rows == n_raw == written, (n_read, n_rows, n_raw, written)
+    out["read_eps"] = written / out["read_s"]
+    out["rows_eps"] = written / out["rows_s"]
+    out["raw_eps"] = written / out["raw_s"]
+    out["ratio"] = out["read_s"] / out["raw_s"]
+    return out
+
+
+def _table(results: dict[str, dict[str, Any]], batch: int, single: int) -> str:
+    names = list(results)
+    lines = [
+        (
+            f"append 1 event, median (p95) [{single} saves]",
+            "{single_median_ms:.2f} ms ({single_p95_ms:.2f})",
+        ),
+        (f"append, {batch} events per save", "{append_eps:,.0f} ev/s"),
+        ("  (building the events, apart)", "{build_eps:,.0f} ev/s"),
+        ("read_stream, decoded + validated", "{read_eps:,.0f} ev/s"),
+        ("recorder select_events (no decode)", "{rows_eps:,.0f} ev/s"),
+        ("raw SELECT + orjson.loads", "{raw_eps:,.0f} ev/s"),
+        ("read_stream time / raw time", "{ratio:.1f}x"),
+        ("events in the stream", "{events:,}"),
+        ("mean stored payload", "{mean_bytes:.0f} B"),
+    ]
+    width = max(len(label) for label, _ in lines)
+    cols = [[fmt.format(**results[n]) for _, fmt in lines] for n in names]
+    colw = [max(len(n), *(len(c) for c in col)) for n, col in zip(names, cols, strict=True)]
+    head = " " * width + " | " + " | ".join(n.rjust(w) for n, w in zip(names, colw, strict=True))
+    rule = "-" * len(head)
+    body = [
+        label.ljust(width)
+        + " | "
+        + " | ".join(col[i].rjust(w) for col, w in zip(cols, colw, strict=True))
+        for i, (label, _) in enumerate(lines)
+    ]
+    return "\n".join([head, rule, *body])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, run the measurements, print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=100_000, help="events in the long stream")
+    parser.add_argument("--batch", type=int, default=500, help="events per save when batching")
+    parser.add_argument("--single", type=int, default=200, help="one-event saves to time")
+    parser.add_argument("--repeat", type=int, default=3, help="reads per figure (best is kept)")
+    parser.add_argument("--backends", default="sqlite,postgres", help="comma-separated")
+    parser.add_argument(
+        "--dsn",
+        default=os.environ.get("LITTLE_ES_TEST_POSTGRES_DSN", DEFAULT_DSN),
+        help="PostgreSQL server (a schema is created and dropped)",
+    )
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.backends.split(",") if n.strip()]
+    unknown = set(names) - {"sqlite", "postgres"}
+    if unknown or args.events < 2 or args.batch < 1 or args.single < 2:
+        parser.error(
+            f"unknown backend(s) {sorted(unknown)}"
+            if unknown
+            else "need --events >= 2, --batch >= 1, --single >= 2"
+        )
+    print(
+        f"little_es storage benchmark: Python {sys.version.split()[0]},"
+        f" eventsourcing {importlib.metadata.version('eventsourcing')}"
+    )
+    results: dict[str, dict[str, Any]] = {}
+    for name in names:
+        backend: Backend = SqliteBackend() if name == "sqlite" else PostgresBackend(args.dsn)
+        try:
+            results[name] = measure(
+                backend,
+                events=args.events,
+                batch=args.batch,
+                single=args.single,
+                repeat=args.repeat,
+            )
+        finally:
+            backend.cleanup()
+        print(f"  {name}: {results[name]['describe']}")
+    print()
+    print(_table(results, args.batch, args.single))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,414 @@
+"""The codec: wire names as topics, refusal of unknown or malformed rows, upcasting."""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, ClassVar
+from uuid import UUID
+
+import orjson
+import pytest
+from eventsourcing.persistence import StoredEvent
+from pydantic import ValidationError
+
+from little_es.domain import HarnessSession, Run
+from little_es.errors import EventPayloadError, UnknownEventTypeError
+from little_es.events import (
+    ModelCalled,
+    ModelResponded,
+    RunEvent,
+    RunStarted,
+    SessionCompleted,
+    SessionStarted,
+    StepStarted,
+    ToolCallStarted,
+    registered_wire_names,
+)
+from little_es.harness.messages import Message, ModelResponse, Usage
+from little_es.ids import run_stream_id, session_stream_id
+from little_es.world import World
+
+if TYPE_CHECKING:
+    from conftest import WorldSpec
+
+_TS = "2024-05-01T12:00:00.000001Z"
+
+
+class TicketTriaged(RunEvent):
+    """A test event at class_version 2: v1 had ``team`` and ``severity``."""
+
+    wire_name: ClassVar[str] = "test.codec.TicketTriaged"
+    class_version: ClassVar[int] = 2
+
+    queue: str
+    priority: int
+
+    @staticmethod
+    def upcast_v1_v2(state: dict[str, Any]) -> None:
+        """v1 -> v2: ``team`` became ``queue``, ``severity`` a numeric ``priority``."""
+        state["queue"] = state.pop("team")
+        state["priority"] = {"low": 1, "high": 3}[state.pop("severity")]
+
+
+class TicketClosed(RunEvent):
+    """A test event at class_version 3, upcast through two steps."""
+
+    wire_name: ClassVar[str] = "test.codec.TicketClosed"
+    class_version: ClassVar[int] = 3
+
+    reason: str
+    reopenable: bool
+
+    @staticmethod
+    def upcast_v1_v2(state: dict[str, Any]) -> None:
+        """v1 -> v2: add ``reason``."""
+        state["reason"] = "unknown"
+
+    @staticmethod
+    def upcast_v2_v3(state: dict[str, Any]) -> None:
+        """v2 -> v3: add ``reopenable``."""
+        state["reopenable"] = state["reason"] != "duplicate"
+
+
+class TicketMerged(RunEvent):
+    """At class_version 2 but missing its upcaster (a programming error)."""
+
+    wire_name: ClassVar[str] = "test.codec.TicketMerged"
+    class_version: ClassVar[int] = 2
+
+    into: str
+
+
+class Unnamed(RunEvent):
+    """A RunEvent subclass without a wire name: it cannot be stored."""
+
+
+def _started_run(world: World, run_id: str) -> Run:
+    run = Run(run_id)
+    run.trigger(RunStarted, run_id=run_id, workflow_id="w", workflow_version="1", ir_hash="0" * 64)
+    world.save(run)
+    return run
+
+
+def _insert_raw(spec: WorldSpec, stream: UUID, version: int, topic: str, state: bytes) -> None:
+    """Write a row straight into the SQLite file, as another (buggy or older) writer would."""
+    assert spec.data_dir is not None
+    conn = sqlite3.connect(spec.data_dir / "events.sqlite3")
+    try:
+        with conn:
+            conn.execute(
+                "INSERT INTO stored_events (originator_id, originator_version, topic, state)"
+                " VALUES (?, ?, ?, ?)",
+                (stream.hex, version, topic, state),
+            )
+    finally:
+        conn.close()
+
+
+def _raw(payload: dict[str, Any]) -> bytes:
+    return orjson.dumps({"timestamp": _TS, **payload})
+
+
+# -------------------------------------------------------------------- wire names
+
+
+def test_stored_topic_is_the_wire_name_and_state_omits_the_stream_columns(world: World) -> None:
+    run = Run("run_wire")
+    session = HarnessSession("run_wire", "a", 1)
+    run.trigger(RunStarted, run_id="run_wire", workflow_id="w", workflow_version="1", ir_hash="0")
+    run.trigger(
+        StepStarted,
+        step_path="a",
+        step_id="a",
+        kind="agent",
+        visit=1,
+        attempt=1,
+        session_id=session.id,
+    )
+    session.trigger(
+        SessionStarted, run_id="run_wire", step_path="a", attempt=1, manifest={}, manifest_hash="h"
+    )
+    session.trigger(
+        ModelCalled, turn=1, messages=(Message(role="user", content="hi"),), conversation_hash="c"
+    )
+    session.trigger(
+        ModelResponded, turn=1, response=ModelResponse(content="yo", provider="p", model="m")
+    )
+    session.trigger(ToolCallStarted, turn=1, call_id="c1", name="t", args={})
+    session.trigger(SessionCompleted, usage=Usage(), turns=1)
+    world.save(run, session)
+
+    rows = [*world.select_stored(run.id), *world.select_stored(session.id)]
+    assert [r.topic for r in rows] == [
+        "RunStarted",
+        "StepStarted",
+        "harness.session.started",
+        "harness.model.called",
+        "harness.model.responded",
+        "harness.tool_call.started",
+        "harness.session.completed",
+    ]
+    for row in rows:
+        state = orjson.loads(row.state)
+        assert "originator_id" not in state and "originator_version" not in state
+        assert "class_version" not in state  # written only for class_version > 1
+        assert state["timestamp"].endswith("Z")
+    assert set(registered_wire_names()) >= {r.topic for r in rows}
+
+
+def test_event_without_wire_name_cannot_be_saved(world: World) -> None:
+    run = _started_run(world, "run_unnamed")
+    run.trigger(Unnamed)
+    with pytest.raises(TypeError, match="Unnamed has no wire_name"):
+        world.save(run)
+    assert len(world.read_stream(run.id)) == 1
+
+
+# ------------------------------------------------------------------ unknown topic
+
+
+def test_unknown_topic_names_topic_and_stream_and_run(world: World) -> None:
+    run = _started_run(world, "run_unknown")
+    world.app.recorder.insert_events(
+        [StoredEvent(run.id, 2, "acme.Vanished", _raw({"gone": True}))]
+    )
+    with pytest.raises(UnknownEventTypeError, match=r"acme\.Vanished") as info:
+        world.read_stream(run.id)
+    assert str(run.id) in str(info.value) and "version 2" in str(info.value)
+    assert "import the module" in str(info.value)
+
+    with pytest.raises(UnknownEventTypeError, match="run 'run_unknown'") as via_log:
+        world.read_run_log("run_unknown")
+    assert "acme.Vanished" in str(via_log.value) and str(run.id) in str(via_log.value)
+    assert isinstance(via_log.value, LookupError)
+
+
+def test_unknown_topic_in_a_session_stream_names_the_run(world: World) -> None:
+    run = Run("run_unknown_session")
+    session_id = session_stream_id("run_unknown_session", "a", 1)
+    run.trigger(
+        RunStarted, run_id="run_unknown_session", workflow_id="w", workflow_version="1", ir_hash="0"
+    )
+    run.trigger(
+        StepStarted,
+        step_path="a",
+        step_id="a",
+        kind="agent",
+        visit=1,
+        attempt=1,
+        session_id=session_id,
+    )
+    world.save(run)
+    world.app.recorder.insert_events([StoredEvent(session_id, 1, "harness.teleported", _raw({}))])
+    with pytest.raises(UnknownEventTypeError, match=r"run 'run_unknown_session'.*teleported"):
+        world.read_run_log("run_unknown_session")
+
+
+# -------------------------------------------------------------- malformed payloads
+
+
+@pytest.mark.backends("sqlite")
+@pytest.mark.parametrize(
+    ("topic", "state", "expected"),
+    [
+        ("StepStarted", b'{"timestamp": "2024-05-01T12:00:00Z", "step_path":', "not valid JSON"),
+        ("StepStarted", b'["a", "list"]', "not a JSON object"),
+        (
+            "StepStarted",
+            _raw(
+                {"step_path": "a", "step_id": "a", "kind": "task", "visit": "first", "attempt": 1}
+            ),
+            r"visit \(Input should be a valid integer",
+        ),
+        (
+            "StepStarted",
+            _raw({"step_path": "a", "step_id": "a", "kind": "dance", "visit": 1, "attempt": 1}),
+            r"kind \(Input should be",
+        ),
+        (
+            "StepStarted",
+            _raw({"step_path": "a", "step_id": "a", "kind": "task", "visit": 1}),
+            r"attempt \(Field required",
+        ),
+        (
+            "StepStarted",
+            _raw(
+                {
+                    "step_path": "a",
+                    "step_id": "a",
+                    "kind": "task",
+                    "visit": 1,
+                    "attempt": 1,
+                    "surprise": 1,
+                }
+            ),
+            r"surprise \(Extra inputs are not permitted",
+        ),
+        (
+            "StepStarted",
+            orjson.dumps(
+                {
+                    "timestamp": "yesterday",
+                    "step_path": "a",
+                    "step_id": "a",
+                    "kind": "task",
+                    "visit": 1,
+                    "attempt": 1,
+                }
+            ),
+            r"timestamp \(Input should be a valid datetime",
+        ),
+    ],
+    ids=["bad-json", "not-object", "wrong-type", "bad-literal", "missing", "extra", "bad-time"],
+)
+def test_malformed_stored_payload_names_event_and_field(
+    world: World, world_spec: WorldSpec, topic: str, state: bytes, expected: str
+) -> None:
+    run = _started_run(world, "run_malformed")
+    _insert_raw(world_spec, run.id, 2, topic, state)
+
+    with pytest.raises(EventPayloadError, match=expected) as info:
+        world.read_stream(run.id)
+    assert f"{topic!r}" in str(info.value)
+    assert f"stream {run.id}, version 2" in str(info.value)
+    with pytest.raises(EventPayloadError, match="run 'run_malformed'"):
+        world.read_run_log("run_malformed")
+    with pytest.raises(EventPayloadError):
+        world.load_run("run_malformed")
+
+
+@pytest.mark.backends("sqlite")
+def test_nested_malformed_field_is_named_by_its_path(world: World, world_spec: WorldSpec) -> None:
+    session_id = session_stream_id("run_nested", "a", 1)
+    bad_message = {"role": "robot", "content": "beep"}
+    _insert_raw(
+        world_spec,
+        session_id,
+        1,
+        "harness.model.called",
+        _raw({"turn": 1, "messages": [bad_message], "conversation_hash": "c"}),
+    )
+    with pytest.raises(EventPayloadError, match=r"messages\.0\.role"):
+        world.read_stream(session_id)
+
+
+@pytest.mark.backends("sqlite")
+def test_stored_usage_with_a_cost_is_refused_on_read(world: World, world_spec: WorldSpec) -> None:
+    session_id = session_stream_id("run_costly", "a", 1)
+    response = {"provider": "openai", "model": "gpt-4o", "usage": {"cost_usd": 0.5}}
+    _insert_raw(
+        world_spec,
+        session_id,
+        1,
+        "harness.model.responded",
+        _raw({"turn": 1, "response": response}),
+    )
+    with pytest.raises(EventPayloadError, match=r"response\.usage.*cost_usd"):
+        world.read_stream(session_id)
+
+
+# ------------------------------------------------------------------ cost at record
+
+
+@pytest.mark.parametrize("key", ["cost_usd", "cost", "total_cost"])
+def test_usage_carrying_a_cost_is_refused_at_record_time(world: World, key: str) -> None:
+    session = HarnessSession("run_cost", "a", 1)
+    session.trigger(
+        SessionStarted, run_id="run_cost", step_path="a", attempt=1, manifest={}, manifest_hash="h"
+    )
+    world.save(session)
+    loaded = world.load_session(session.id)
+    assert loaded is not None
+    response = {"provider": "openai", "model": "gpt-4o", "usage": {"input_tokens": 3, key: 0.01}}
+
+    with pytest.raises(ValidationError, match=f"must not carry a cost.*{key}"):
+        loaded.trigger(ModelResponded, turn=1, response=response)
+    with pytest.raises(ValidationError, match="must not carry a cost"):
+        loaded.trigger(SessionCompleted, usage={"output_tokens": 1, key: 2.0}, turns=1)
+    with pytest.raises(ValidationError, match="must not carry a cost"):
+        Usage.model_validate({key: 1})
+
+    assert loaded.pending_events == () and loaded.version == 1
+    world.save(loaded)
+    assert len(world.read_stream(session.id)) == 1
+
+
+# --------------------------------------------------------------------- upcasting
+
+
+@pytest.mark.backends("sqlite")
+def test_old_stored_version_is_upcast_on_read(world: World, world_spec: WorldSpec) -> None:
+    run = _started_run(world, "run_upcast")
+    _insert_raw(
+        world_spec, run.id, 2, TicketTriaged.wire_name, _raw({"team": "ops", "severity": "high"})
+    )
+    _insert_raw(
+        world_spec,
+        run.id,
+        3,
+        TicketTriaged.wire_name,
+        _raw({"team": "billing", "severity": "low", "class_version": 1}),
+    )
+    _insert_raw(world_spec, run.id, 4, TicketClosed.wire_name, _raw({}))
+    _insert_raw(
+        world_spec,
+        run.id,
+        5,
+        TicketClosed.wire_name,
+        _raw({"reason": "duplicate", "class_version": 2}),
+    )
+
+    _, first, second, closed_v1, closed_v2 = world.read_stream(run.id)
+
+    assert first == TicketTriaged(
+        originator_id=run.id,
+        originator_version=2,
+        timestamp=datetime(2024, 5, 1, 12, 0, 0, 1, tzinfo=UTC),
+        queue="ops",
+        priority=3,
+    )
+    assert isinstance(second, TicketTriaged) and (second.queue, second.priority) == ("billing", 1)
+    assert isinstance(closed_v1, TicketClosed)
+    assert (closed_v1.reason, closed_v1.reopenable) == ("unknown", True)
+    assert isinstance(closed_v2, TicketClosed)
+    assert (closed_v2.reason, closed_v2.reopenable) == ("duplicate", False)
+    # The reducer and the aggregate see the upcast events too.
+    assert world.load_run("run_upcast").version == 5
+
+
+def test_current_version_is_written_with_its_class_version(world: World) -> None:
+    _started_run(world, "run_v2")
+    event = world.record_run_event("run_v2", TicketTriaged, queue="ops", priority=2)
+
+    [_, row] = world.select_stored(run_stream_id("run_v2"))
+    assert orjson.loads(row.state)["class_version"] == 2
+    [_, read] = world.read_stream(run_stream_id("run_v2"))
+    assert read == event
+
+
+@pytest.mark.parametrize(
+    ("stored_version", "expected"),
+    [
+        (7, "class_version 7, but TicketTriaged is at class_version 2"),
+        (0, "class_version 0"),
+        ("2", "class_version '2'"),
+    ],
+)
+def test_unreadable_class_version_is_refused(
+    world: World, stored_version: object, expected: str
+) -> None:
+    run = _started_run(world, "run_future")
+    state = _raw({"queue": "ops", "priority": 1, "class_version": stored_version})
+    world.app.recorder.insert_events([StoredEvent(run.id, 2, TicketTriaged.wire_name, state)])
+    with pytest.raises(EventPayloadError, match=expected):
+        world.read_stream(run.id)
+
+
+def test_missing_upcaster_is_reported(world: World) -> None:
+    run = _started_run(world, "run_no_upcaster")
+    world.app.recorder.insert_events(
+        [StoredEvent(run.id, 2, TicketMerged.wire_name, _raw({"into": "t1"}))]
+    )
+    with pytest.raises(EventPayloadError, match=r"no upcast_v1_v2\(\).*add it"):
+        world.read_stream(run.id)
