@@ -18,6 +18,9 @@ from datetime import datetime
 from typing import Any, ClassVar, Self, TypeVar
 from uuid import UUID
 
+from pydantic import ValidationError
+
+from little_es.errors import EventPayloadError
 from little_es.events import (
     Event,
     HarnessEvent,
@@ -47,7 +50,7 @@ class Aggregate:
     type_name: ClassVar[str] = ""
     event_base: ClassVar[type[Event]] = Event
 
-    def __init__(self, id: UUID) -> None:  # noqa: A002 - eventsourcing's protocol name
+    def __init__(self, id: UUID) -> None:
         self.id = id
         self.version = 0
         self.created_on: datetime | None = None
@@ -61,12 +64,20 @@ class Aggregate:
                 f"{event_class.__qualname__} is not a {self.event_base.__qualname__}:"
                 f" it cannot be recorded on a {self.type_name} stream"
             )
-        event = event_class(
-            originator_id=self.id,
-            originator_version=self.version + 1,
-            timestamp=utc_now(),
-            **fields,
-        )
+        try:
+            event = event_class(
+                originator_id=self.id,
+                originator_version=self.version + 1,
+                timestamp=utc_now(),
+                **fields,
+            )
+        except ValidationError as exc:
+            problems = "; ".join(
+                ".".join(str(p) for p in err["loc"]) + f": {err['msg']}" for err in exc.errors()
+            )
+            raise EventPayloadError(
+                f"cannot record {event_class.wire_name or event_class.__qualname__}: {problems}"
+            ) from exc
         self.mutate(event)
         self._pending.append(event)
         return event
@@ -110,7 +121,7 @@ class Aggregate:
         return tuple(self._pending)
 
     @classmethod
-    def from_events(cls, id: UUID, events: Iterable[Event]) -> Self:  # noqa: A002
+    def from_events(cls, id: UUID, events: Iterable[Event]) -> Self:
         """Reconstruct from a stream (optionally starting with a snapshot)."""
         aggregate = cls.__new__(cls)
         Aggregate.__init__(aggregate, id)
