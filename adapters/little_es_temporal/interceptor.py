@@ -1,0 +1,201 @@
+"""The activity interceptor that makes each step activity follow little_es's durability protocol.
+
+Around every ``little_es.run_step`` activity, :class:`LittleInterceptor`:
+
+1. takes the step's lease, so two attempts of one step never run at once (an
+   attempt that Temporal gave up on after a heartbeat timeout may still be
+   running on a live but stalled worker; the new attempt waits, retried by
+   Temporal, until it has finished);
+2. returns the recorded result, without running anything, when the step
+   already has a committed ``StepCompleted`` (a terminated workflow started
+   again with the same run id, a reset, a duplicate delivery);
+3. otherwise commits ``StepStarted`` for the next attempt, or continues the
+   attempt in flight when a worker died mid-step: a crash is not a failure,
+   so an agent step resumes the same harness session, which fast-forwards
+   every committed model and tool call and re-runs only the one in flight;
+4. runs the step's code (the activity body), heartbeating in the background
+   every third of the activity's ``heartbeat_timeout``;
+5. commits ``StepCompleted``, or ``StepFailed`` and raises an
+   ``ApplicationError`` that is retryable with the step's own backoff
+   (``next_retry_delay``) while its ``RetryPolicy`` allows another attempt,
+   and non-retryable once it does not.
+
+Only :class:`~little_es.durability.RunRecorder` writes the events, the same
+code path as the local scheduler, so the log cannot tell the engines apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+from collections.abc import Awaitable, Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
+
+from little_es.errors import ConcurrentRunError
+from little_es.events import ErrorInfo
+from little_es.logging import get_logger
+from little_es.workflow.authoring import SubworkflowStep
+from little_es.world import World
+from little_es_temporal.activities import (
+    CURRENT_STEP,
+    GAVE_UP_MARKER,
+    RUN_STEP,
+    LittleActivities,
+    StepCall,
+    StepDone,
+    StepInput,
+    TemporalAdapterError,
+    to_application_error,
+)
+
+__all__ = ["LittleInterceptor", "StepBusyError", "run_step_durably"]
+
+_log = get_logger()
+
+_STEP_KINDS = ("task", "agent", "decision")
+
+
+class StepBusyError(ConcurrentRunError):
+    """Another attempt of the same step is still running; Temporal retries this one later."""
+
+
+class LittleInterceptor(Interceptor):
+    """A ``temporalio.worker.Interceptor`` that records little_es step events around steps.
+
+    Give it the :class:`~little_es_temporal.activities.LittleActivities`
+    registered on the same worker (``create_worker`` wires both).
+    """
+
+    def __init__(self, activities: LittleActivities) -> None:
+        if not isinstance(activities, LittleActivities):
+            raise TemporalAdapterError(
+                "LittleInterceptor needs the LittleActivities registered on the same worker,"
+                f" got {type(activities).__name__}"
+            )
+        self.activities = activities
+
+    def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
+        """Wrap the activity chain; only ``little_es.run_step`` is touched."""
+        return _StepInbound(next, self.activities)
+
+
+class _StepInbound(ActivityInboundInterceptor):
+    def __init__(self, next: ActivityInboundInterceptor, activities: LittleActivities) -> None:
+        super().__init__(next)
+        self._activities = activities
+
+    async def execute_activity(self, input: ExecuteActivityInput) -> Any:
+        if activity.info().activity_type != RUN_STEP:
+            return await self.next.execute_activity(input)
+        if len(input.args) != 1 or not isinstance(input.args[0], StepInput):
+            raise ApplicationError(
+                f"{RUN_STEP} takes one StepInput, got {list(map(type, input.args))}: start runs"
+                " with little_es_temporal.start_run and a client using the pydantic data"
+                " converter",
+                type=TemporalAdapterError.__qualname__,
+                non_retryable=True,
+            )
+        return await run_step_durably(
+            self._activities, input.args[0], lambda: self.next.execute_activity(input)
+        )
+
+
+def _step_lease_id(run_id: str, step_path: str) -> str:
+    # A lease key that names the step, spelled as a valid run id.
+    digest = hashlib.sha256(f"{run_id}\x00{step_path}".encode()).hexdigest()[:40]
+    return f"step-{digest}"
+
+
+@contextlib.contextmanager
+def _step_lease(world: World, run_id: str, step_path: str) -> Iterator[None]:
+    try:
+        lease = world.run_lease(_step_lease_id(run_id, step_path))
+        lease.__enter__()
+    except ConcurrentRunError as exc:
+        raise StepBusyError(
+            f"step {step_path!r} of run {run_id!r} is still being executed by an earlier attempt"
+            " (a worker that missed its heartbeats but is alive): Temporal retries this attempt"
+            " once it has finished"
+        ) from exc
+    try:
+        yield
+    finally:
+        lease.__exit__(None, None, None)
+
+
+def _start_heartbeat() -> asyncio.Task[None] | None:
+    timeout = activity.info().heartbeat_timeout
+    if not timeout:
+        return None
+    interval = max(timeout.total_seconds() / 3, 0.05)
+
+    async def beat() -> None:
+        # The first beat after one interval: a step shorter than that costs no RPC.
+        while True:
+            await asyncio.sleep(interval)
+            activity.heartbeat()
+
+    return asyncio.create_task(beat(), name="little_es heartbeat")
+
+
+async def run_step_durably(
+    activities: LittleActivities, step_input: StepInput, body: Callable[[], Awaitable[Any]]
+) -> StepDone:
+    """Run one step activity under the durability protocol (see the module docstring).
+
+    ``body`` runs the step's code once :data:`CURRENT_STEP` holds its context.
+    """
+    heartbeat = _start_heartbeat()
+    try:
+        with _step_lease(activities.world, step_input.run_id, step_input.step_path):
+            begun = await activities.begin_step(step_input, kinds=_STEP_KINDS)
+            if isinstance(begun, StepDone):
+                return begun
+            step = begun.step
+            if isinstance(step, SubworkflowStep) or begun.ctx is None:
+                raise TemporalAdapterError(
+                    f"step {begun.step_path!r} is a subworkflow step; it runs as a child workflow"
+                )
+            if begun.in_flight:
+                _log.info(
+                    "step continues after a crash",
+                    run_id=begun.run_id,
+                    step_path=begun.step_path,
+                    attempt=begun.attempt,
+                    temporal_attempt=activity.info().attempt,
+                )
+            token = CURRENT_STEP.set(StepCall(activities.world, step, begun.ctx))
+            try:
+                output = await body()
+            except Exception as exc:
+                error = ErrorInfo.from_exception(exc)
+                retry = await activities.fail_step(begun, error)
+                message = (
+                    f"step {begun.step_path!r} of run {begun.run_id!r} failed (attempt"
+                    f" {begun.attempt}): {error.type}: {error.message}"
+                )
+                if retry.will_retry:
+                    raise ApplicationError(
+                        message,
+                        type=error.type,
+                        next_retry_delay=timedelta(seconds=max(retry.delay_s, 0.001)),
+                    ) from exc
+                raise ApplicationError(
+                    message, GAVE_UP_MARKER, type=error.type, non_retryable=True
+                ) from exc
+            finally:
+                CURRENT_STEP.reset(token)
+            return await activities.complete_step(begun, output)
+    except ApplicationError:
+        raise
+    except Exception as exc:
+        raise to_application_error(exc) from exc
+    finally:
+        if heartbeat is not None:
+            heartbeat.cancel()

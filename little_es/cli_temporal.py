@@ -1,0 +1,134 @@
+"""``little worker``: serve little_es workflows on a Temporal task queue.
+
+::
+
+    little worker flows.triage:wf flows.billing:wf --address temporal:7233 \
+        --task-queue little-es --world postgresql://...
+
+Every worker of a task queue must serve the same workflow definitions and use
+the same world (the one the runs' logs live in). SIGINT or SIGTERM stops the
+worker gracefully; a step it was running is retried by another worker, where
+an agent step fast-forwards its committed calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from little_es.cli_run import load_workflow
+from little_es.errors import LittleEsError
+from little_es.workflow.authoring import Workflow
+from little_es.world import WORLD_ENV_VAR, open_world
+
+__all__ = ["register"]
+
+
+class TemporalUnavailableError(LittleEsError, RuntimeError):
+    """The Temporal extra is not installed, or the Temporal server does not answer."""
+
+
+async def _serve(
+    workflows: list[Workflow],
+    *,
+    address: str,
+    namespace: str,
+    task_queue: str,
+    world_url: str | None,
+    sticky_timeout: float,
+    max_concurrent_activities: int | None,
+    console: Console,
+) -> None:
+    from datetime import timedelta
+
+    from little_es_temporal import connect, create_worker
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    with open_world(world_url) as world:
+        try:
+            client = await connect(address, namespace=namespace)
+        except RuntimeError as exc:
+            raise TemporalUnavailableError(
+                f"cannot connect to Temporal at {address} (namespace {namespace!r}): {exc}."
+                " Check --address / TEMPORAL_ADDRESS, or start a dev server with"
+                " `temporal server start-dev`"
+            ) from exc
+        worker = create_worker(
+            client,
+            world,
+            workflows=workflows,
+            task_queue=task_queue,
+            sticky_queue_schedule_to_start_timeout=timedelta(seconds=sticky_timeout),
+            max_concurrent_activities=max_concurrent_activities,
+        )
+        async with worker:
+            names = ", ".join(f"{w.id} v{w.version}" for w in workflows)
+            console.print(
+                f"serving [cyan]{names}[/] on task queue [cyan]{task_queue}[/] at {address}"
+                f" (world {world.name}); Ctrl-C stops"
+            )
+            await stop.wait()
+    console.print("worker stopped")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``worker`` to the ``little`` app."""
+
+    @app.command("worker")
+    def worker_command(
+        workflows: Annotated[
+            list[str], typer.Argument(help="module:attribute of each Workflow to serve")
+        ],
+        address: Annotated[
+            str, typer.Option("--address", envvar="TEMPORAL_ADDRESS", help="Temporal frontend")
+        ] = "127.0.0.1:7233",
+        namespace: Annotated[
+            str, typer.Option("--namespace", envvar="TEMPORAL_NAMESPACE", help="namespace")
+        ] = "default",
+        task_queue: Annotated[
+            str, typer.Option("--task-queue", help="the task queue runs are started on")
+        ] = "little-es",  # little_es_temporal.DEFAULT_TASK_QUEUE, not imported: optional extra
+        world: Annotated[
+            str | None, typer.Option("--world", envvar=WORLD_ENV_VAR, help="world URL")
+        ] = None,
+        sticky_timeout: Annotated[
+            float,
+            typer.Option(
+                "--sticky-timeout",
+                min=0.1,
+                help="seconds a workflow task waits for the worker that cached its workflow",
+            ),
+        ] = 5.0,
+        max_concurrent_activities: Annotated[
+            int | None,
+            typer.Option("--max-concurrent-activities", min=1, help="steps run at once"),
+        ] = None,
+    ) -> None:
+        """Serve workflows on a Temporal task queue until interrupted (SIGINT/SIGTERM)."""
+        console = Console()
+        try:
+            import little_es_temporal  # noqa: F401
+        except ImportError as exc:
+            raise TemporalUnavailableError(
+                f"the Temporal adapter cannot be imported ({exc}): install little-es[temporal]"
+            ) from exc
+        loaded = [load_workflow(ref) for ref in workflows]
+        asyncio.run(
+            _serve(
+                loaded,
+                address=address,
+                namespace=namespace,
+                task_queue=task_queue,
+                world_url=world,
+                sticky_timeout=sticky_timeout,
+                max_concurrent_activities=max_concurrent_activities,
+                console=console,
+            )
+        )

