@@ -25,10 +25,11 @@ import asyncio
 import hashlib
 import inspect
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from little_es.durability import RunRecorder, normalize_output, read_output
+from little_es.durability import RunRecorder, encode_output, normalize_output, read_output
 from little_es.errors import LittleEsError, StepExecutionError, WorkflowDefinitionError
 from little_es.events import ErrorInfo, Event
 from little_es.ids import new_run_id, session_stream_id, validate_run_id
@@ -50,7 +51,7 @@ from little_es.workflow.authoring import (
     TaskStep,
     Workflow,
 )
-from little_es.workflow.context import StepContext
+from little_es.workflow.context import FrozenDict, StepContext, freeze
 from little_es.workflow.ir import END
 from little_es.workflow.paths import step_path as make_step_path
 from little_es.world import World
@@ -60,6 +61,14 @@ _log = get_logger()
 
 class VisitLimitError(StepExecutionError, WorkflowDefinitionError):
     """A decision jumped to a step that has used all of its ``max_visits``."""
+
+    @classmethod
+    def for_step(cls, run_id: str, step_id: str, visit: int, max_visits: int) -> VisitLimitError:
+        """The error for visit ``visit`` of ``step_id``, worded the same by every engine."""
+        return cls(
+            f"run {run_id!r}: step {step_id!r} would be visited {visit} times, but"
+            f" max_visits={max_visits}: raise max_visits or make the decision leave the loop"
+        )
 
 
 class RunFailedError(StepExecutionError):
@@ -75,7 +84,7 @@ class RunFailedError(StepExecutionError):
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class RunResult:
     """What :func:`run_workflow` returns: the run's output and its materialized state."""
 
@@ -86,6 +95,30 @@ class RunResult:
     """True when the run id already had a log."""
     steps_executed: int
     """Step executions (attempts) that ran code in this call."""
+
+    def __repr__(self) -> str:
+        # Not the whole state: it can hold thousands of steps, and asyncio.run()
+        # formats the repr of its main task's result as it returns (3.11).
+        return (
+            f"RunResult(run_id={self.run_id!r}, status={self.state.status!r},"
+            f" steps={len(self.state.steps)}, resumed={self.resumed},"
+            f" steps_executed={self.steps_executed})"
+        )
+
+
+_current_recorder: ContextVar[RunRecorder | None] = ContextVar(
+    "little_es_current_recorder", default=None
+)
+
+
+def current_run_recorder() -> RunRecorder | None:
+    """The recorder of the run whose step code is running in this context, else None.
+
+    The local scheduler sets it around each task, decision and agent step, so a
+    tool called by an agent (``start_workflow``) writes the run's own stream
+    through the one object that holds its ``Run`` aggregate in memory.
+    """
+    return _current_recorder.get()
 
 
 def sub_run_id_for(parent_run_id: str, step_path: str) -> str:
@@ -162,8 +195,13 @@ class _Scheduler:
         self.workflow = workflow
         self.recorder = recorder
         self.run_id = recorder.run_id
-        self.input = input
+        self.input = freeze(input)
+        # Each output is frozen once, when it is committed; the read-only view
+        # handed to step contexts is rebuilt only after an output changed, by a
+        # C-level copy. StepContext would otherwise re-freeze every output for
+        # every step, O(steps) Python work per step.
         self.outputs: dict[str, Any] = {}
+        self._outputs_view: FrozenDict[str, Any] | None = None
         self.executed = 0
 
     # -------------------------------------------------------------- the walk
@@ -177,15 +215,12 @@ class _Scheduler:
             step = self.workflow.step(step_id)
             visit = visits.get(step_id, 0) + 1
             if visit > step.ir.max_visits:
-                raise VisitLimitError(
-                    f"run {self.run_id!r}: step {step_id!r} would be visited {visit} times, but"
-                    f" max_visits={step.ir.max_visits}: raise max_visits or make the decision"
-                    " leave the loop"
-                )
+                raise VisitLimitError.for_step(self.run_id, step_id, visit, step.ir.max_visits)
             visits[step_id] = visit
             path = make_step_path(step_id, visit=visit)
             result = await self._step(step, path, visit)
-            self.outputs[step_id] = result
+            self.outputs[step_id] = freeze(result)
+            self._outputs_view = None
             if isinstance(step, DecisionStep):
                 step_id = self.workflow.check_decision_target(step_id, result)
             else:
@@ -194,10 +229,14 @@ class _Scheduler:
         return output
 
     def _context(self, path: str, attempt: int, branch_value: Any = None) -> StepContext:
+        if self._outputs_view is None:
+            view: FrozenDict[str, Any] = FrozenDict()
+            dict.update(view, self.outputs)  # the values are frozen already
+            self._outputs_view = view
         return StepContext(
             run_id=self.run_id,
             input=self.input,
-            outputs=self.outputs,
+            outputs=self._outputs_view,
             step_path=path,
             attempt=attempt,
             branch_value=branch_value,
@@ -240,8 +279,15 @@ class _Scheduler:
             in_flight = False
             ctx = self._context(path, attempt, branch_value)
             self.executed += 1
+            next_step = None
             try:
                 output = await self._execute(step, ctx)
+                # A decision's unknown target and an output that is not JSON are
+                # this attempt's failure: record them, or the log would show the
+                # step in flight forever and every resume would run it again.
+                if isinstance(step, DecisionStep):
+                    next_step = self.workflow.check_decision_target(step.id, output)
+                encode_output(path, output)
             except Exception as exc:
                 error = ErrorInfo.from_exception(exc)
                 will_retry = error.retryable and attempt < limit
@@ -266,9 +312,6 @@ class _Scheduler:
                 await asyncio.sleep(policy.backoff_for(attempt))
                 attempt += 1
                 continue
-            next_step = None
-            if isinstance(step, DecisionStep):
-                next_step = self.workflow.check_decision_target(step.id, output)
             return self.recorder.step_completed(
                 path,
                 step_id=step.id,
@@ -283,7 +326,11 @@ class _Scheduler:
     ) -> Any:
         if isinstance(step, SubworkflowStep):
             return await self._subworkflow(step, ctx)
-        return await execute_step(self.world, step, ctx)
+        token = _current_recorder.set(self.recorder)
+        try:
+            return await execute_step(self.world, step, ctx)
+        finally:
+            _current_recorder.reset(token)
 
     async def _subworkflow(self, step: SubworkflowStep, ctx: StepContext) -> Any:
         fold = self.recorder.fold
@@ -305,8 +352,6 @@ class _Scheduler:
     async def _parallel(self, step: ParallelStep, path: str, visit: int) -> Any:
         fold = self.recorder.fold
         recorded = fold.steps.get(path)
-        if recorded is not None and recorded.status == "completed":
-            return read_output(self.world, recorded.output, recorded.output_ref)
         if recorded is None:
             self.recorder.step_started(
                 path, step_id=step.id, kind="parallel", visit=visit, attempt=1
@@ -315,6 +360,12 @@ class _Scheduler:
         branch_set = step.branch_set(await _call(step.branches, ctx))
         keys = tuple(branch_set)
         scheduled = fold.parallel_groups.get(path)
+        if recorded is not None and recorded.status == "completed":
+            # The seed checks completed groups too: if the branch set the run's
+            # data gives now differs, replay cannot stand in for the original run.
+            if scheduled is not None:
+                assert_completed_parallel_replay_matches_input(self.run_id, path, scheduled, keys)
+            return read_output(self.world, recorded.output, recorded.output_ref)
         if scheduled is None:
             self.recorder.branches_scheduled(path, step_id=step.id, branch_keys=keys)
         else:

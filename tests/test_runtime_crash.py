@@ -1,0 +1,301 @@
+"""Kill-and-resume with real processes, at every append of a run.
+
+The child (``tests/_runtime_proc.py crash``) runs a workflow with tasks, a
+parallel group, a retried step, a sub-run and a decision loop on a SQLite world.
+An uninterrupted run gives the number of appends ``N`` and the reference state.
+Then, for every ``k`` in ``1..N``, a child on a fresh world is SIGKILLed right
+after its ``k``-th append (``LITTLE_ES_CRASH_AFTER_APPENDS``) and another child
+resumes the run to completion. The side-effect ledger the step functions write
+(one line per real execution) must show that every step attempt whose terminal
+event (``StepCompleted``/``StepFailed``) was committed at the kill ran exactly
+once overall, that one in flight at the kill ran at most twice, and every other
+exactly once; the final materialized states (run and sub-run) must equal the
+uninterrupted run's, timestamps aside.
+
+The scenarios run in a small pool of concurrent child processes to stay fast.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from little_es.events import Event, StepCompleted, StepFailed, StepStarted
+from little_es.materialize import materialize_run_state
+from little_es.workflow.runtime import sub_run_id_for
+from little_es.world import local_world
+
+pytestmark = pytest.mark.timeout(240)
+
+_REPO = Path(__file__).resolve().parents[1]
+_PROC = _REPO / "tests" / "_runtime_proc.py"
+_RUN_ID = "run_proc"
+_SUB_RUN_ID = sub_run_id_for(_RUN_ID, "sub")
+_WORKERS = 3
+# Double crashes: killed at k, then killed again 3 appends into the resume.
+_SECOND_KILL_AFTER = 3
+_DOUBLE_CRASH_POINTS = (4, 13, 21, 29)
+
+_Key = tuple[str, str, int]
+"""(run id, step path, attempt): one step execution."""
+
+
+@dataclass(frozen=True)
+class _Observed:
+    """What the world and the ledger held at one moment."""
+
+    events: int
+    terminal: frozenset[_Key]
+    in_flight: frozenset[_Key]
+    ledger: Counter[_Key]
+
+
+@dataclass(frozen=True)
+class _Baseline:
+    appends: int
+    states: dict[str, dict[str, Any]]
+    ledger: Counter[_Key]
+    output: Any
+
+
+class _ForkServer:
+    """One ``_runtime_proc.py serve`` process: it forks a fresh child process per request."""
+
+    def __init__(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LITTLE_ES_CRASH_")}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO), env.get("PYTHONPATH")]))
+        self._proc = subprocess.Popen(
+            [sys.executable, str(_PROC), "serve"],
+            env=env,
+            cwd=_REPO,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self._seq = 0
+
+    def run(self, world_dir: Path, ledger: Path, crash_after: int | None) -> _ChildResult:
+        """Run one child to its end (or its kill); its output goes next to ``ledger``."""
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._seq += 1
+        output = ledger.with_name(f"child-{self._seq}.out")
+        argv = ["crash", "--world", f"sqlite:///{world_dir}", "--ledger", str(ledger)]
+        request = {"argv": argv, "crash_after": crash_after, "output": str(output)}
+        self._proc.stdin.write(orjson.dumps(request).decode() + "\n")
+        self._proc.stdin.flush()
+        reply = self._proc.stdout.readline()
+        assert reply, "the fork server died"
+        returncode = int(orjson.loads(reply)["returncode"])
+        return _ChildResult(returncode, output.read_text() if output.exists() else "")
+
+    def close(self) -> None:
+        """End the server (it exits at the end of its input) and wait for it."""
+        assert self._proc.stdin is not None
+        self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+@dataclass(frozen=True)
+class _ChildResult:
+    returncode: int
+    output: str
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[queue.Queue[_ForkServer]]:
+    """A pool of fork servers, one per concurrent scenario."""
+    pool: queue.Queue[_ForkServer] = queue.Queue()
+    started = [_ForkServer() for _ in range(_WORKERS)]
+    for server in started:
+        pool.put(server)
+    yield pool
+    for server in started:
+        server.close()
+
+
+def _result(proc: _ChildResult) -> dict[str, Any]:
+    assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{proc.output}"
+    lines = [line for line in proc.output.splitlines() if line.startswith("RESULT ")]
+    assert len(lines) == 1, proc.output
+    result: dict[str, Any] = orjson.loads(lines[0].removeprefix("RESULT "))
+    return result
+
+
+def _read_ledger(ledger: Path) -> Counter[_Key]:
+    counts: Counter[_Key] = Counter()
+    if ledger.exists():
+        for line in ledger.read_text().splitlines():
+            _pid, run_id, path, attempt = line.split(" ")
+            counts[(run_id, path, int(attempt))] += 1
+    return counts
+
+
+def _logs(world_dir: Path) -> dict[str, list[Event]]:
+    with local_world(world_dir) as world:
+        return {
+            run_id: world.read_run_log(run_id)
+            for run_id in (_RUN_ID, _SUB_RUN_ID)
+            if world.run_exists(run_id)
+        }
+
+
+def _observe(world_dir: Path, ledger: Path) -> _Observed:
+    started: set[_Key] = set()
+    terminal: set[_Key] = set()
+    count = 0
+    for run_id, events in _logs(world_dir).items():
+        count += len(events)
+        for e in events:
+            if isinstance(e, StepStarted):
+                started.add((run_id, e.step_path, e.attempt))
+            elif isinstance(e, StepCompleted | StepFailed):
+                terminal.add((run_id, e.step_path, e.attempt))
+    return _Observed(
+        events=count,
+        terminal=frozenset(terminal),
+        in_flight=frozenset(started - terminal),
+        ledger=_read_ledger(ledger),
+    )
+
+
+def _states(world_dir: Path) -> dict[str, dict[str, Any]]:
+    timestamps = {"started_at", "updated_at", "completed_at"}
+    return {
+        run_id: materialize_run_state(events).model_dump(mode="json", exclude=timestamps)
+        for run_id, events in _logs(world_dir).items()
+    }
+
+
+@pytest.fixture(scope="module")
+def baseline(
+    tmp_path_factory: pytest.TempPathFactory, servers: queue.Queue[_ForkServer]
+) -> _Baseline:
+    """The uninterrupted run: its append count, final states, ledger and output."""
+    root = tmp_path_factory.mktemp("baseline")
+    world_dir, ledger = root / "world", root / "ledger"
+    server = servers.get()
+    try:
+        result = _result(server.run(world_dir, ledger, None))
+    finally:
+        servers.put(server)
+    assert result["resumed"] is False
+    observed = _observe(world_dir, ledger)
+    counts = observed.ledger
+    # One line per real execution; the retried step's two attempts are two.
+    assert set(counts.values()) == {1}
+    assert {(p, a) for r, p, a in counts if p == "flaky"} == {("flaky", 1), ("flaky", 2)}
+    assert any(r == _SUB_RUN_ID for r, _, _ in counts)
+    states = _states(world_dir)
+    assert states[_RUN_ID]["status"] == "completed"
+    assert states[_SUB_RUN_ID]["status"] == "completed"
+    # Each commit is one append of one event, so the appends are the events.
+    return _Baseline(observed.events, states, counts, result["output"])
+
+
+def _check_ledger(kills: list[_Observed], final: Counter[_Key], expected: Counter[_Key]) -> None:
+    assert set(final) == set(expected), f"executions differ: {set(final) ^ set(expected)}"
+    first_terminal = kills[0].terminal
+    for key, count in final.items():
+        if key in first_terminal:
+            assert count == 1, f"{key} was committed at the kill but ran {count} times"
+            assert all(k.ledger[key] == 1 for k in kills), f"{key} ran again after its commit"
+        else:
+            in_flight_at = sum(key in k.in_flight for k in kills)
+            assert 1 <= count <= 1 + in_flight_at, (
+                f"{key} ran {count} times; it was in flight at {in_flight_at} kill(s)"
+            )
+
+
+def _scenario(
+    server: _ForkServer, root: Path, kill_points: tuple[int, ...], baseline: _Baseline
+) -> None:
+    """Kill a run after each append count in ``kill_points`` (one child each), then resume."""
+    world_dir, ledger = root / "world", root / "ledger"
+    kills: list[_Observed] = []
+    for n, k in enumerate(kill_points):
+        before = kills[-1].events if kills else 0
+        proc = server.run(world_dir, ledger, crash_after=k)
+        assert proc.returncode == -signal.SIGKILL, (
+            f"kill point {k}: expected SIGKILL, got {proc.returncode}:\n{proc.output}"
+        )
+        observed = _observe(world_dir, ledger)
+        assert observed.events == before + k, (
+            f"kill {n + 1} after {k} appends: the log holds {observed.events - before} new events"
+        )
+        kills.append(observed)
+    result = _result(server.run(world_dir, ledger, None))
+    assert result["resumed"] is True
+    assert result["output"] == baseline.output
+    _check_ledger(kills, _read_ledger(ledger), baseline.ledger)
+    assert _states(world_dir) == baseline.states
+
+
+def _run_all(
+    servers: queue.Queue[_ForkServer],
+    tmp_path: Path,
+    scenarios: Sequence[tuple[int, ...]],
+    baseline: _Baseline,
+) -> None:
+    def attempt(points: tuple[int, ...]) -> str | None:
+        root = tmp_path / "-".join(map(str, points))
+        root.mkdir()
+        server = servers.get()
+        try:
+            _scenario(server, root, points, baseline)
+        except AssertionError as exc:
+            return f"kill points {points}: {exc}"
+        finally:
+            servers.put(server)
+        return None
+
+    with ThreadPoolExecutor(max_workers=_WORKERS) as pool:
+        failures = [f for f in pool.map(attempt, scenarios) if f is not None]
+    assert not failures, "\n\n".join(failures)
+
+
+def _points(appends: int) -> Iterator[tuple[int, ...]]:
+    return ((k,) for k in range(1, appends + 1))
+
+
+def test_a_run_killed_after_any_append_resumes_to_the_same_state(
+    servers: queue.Queue[_ForkServer], tmp_path: Path, baseline: _Baseline
+) -> None:
+    assert baseline.appends >= 30
+    _run_all(servers, tmp_path, list(_points(baseline.appends)), baseline)
+
+
+def test_a_resume_killed_again_still_converges(
+    servers: queue.Queue[_ForkServer], tmp_path: Path, baseline: _Baseline
+) -> None:
+    points = [(k, _SECOND_KILL_AFTER) for k in _DOUBLE_CRASH_POINTS if k + 3 < baseline.appends]
+    assert len(points) == len(_DOUBLE_CRASH_POINTS)
+    _run_all(servers, tmp_path, points, baseline)
+
+
+def test_the_crash_switch_past_the_last_append_does_not_fire(
+    servers: queue.Queue[_ForkServer], tmp_path: Path, baseline: _Baseline
+) -> None:
+    # Proves N is the exact append count: N kills after RunCompleted, N + 1 never fires.
+    server = servers.get()
+    try:
+        proc = server.run(tmp_path / "world", tmp_path / "ledger", baseline.appends + 1)
+    finally:
+        servers.put(server)
+    assert _result(proc)["output"] == baseline.output
+    assert _observe(tmp_path / "world", tmp_path / "ledger").events == baseline.appends
