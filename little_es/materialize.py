@@ -37,19 +37,24 @@ from little_es.artifacts import ArtifactRef
 from little_es.events import (
     ErrorInfo,
     Event,
+    ModelCalled,
     ModelResponded,
     ParallelBranchScheduled,
     RunCompleted,
     RunFailed,
     RunStarted,
+    SessionCompleted,
     SessionStarted,
     StepCompleted,
     StepFailed,
     StepKind,
     StepStarted,
     SubRunReserved,
+    ToolCallFailed,
+    ToolCallStarted,
+    ToolCallSucceeded,
 )
-from little_es.harness.messages import JSONValue
+from little_es.harness.messages import JSONValue, Usage
 from little_es.pricing import price_usage
 
 StepStatus = Literal["pending", "running", "completed", "failed"]
@@ -140,14 +145,11 @@ class _UsageSum:
     priced_calls: int = 0
     unpriced_calls: int = 0
 
-    def add(self, response: ModelResponded) -> None:
-        r = response.response
-        u = r.usage
+    def add(self, u: Usage, cost: float | None) -> None:
         self.input_tokens += u.input_tokens
         self.output_tokens += u.output_tokens
         self.cached_input_tokens += u.cached_input_tokens
         self.reasoning_tokens += u.reasoning_tokens
-        cost = price_usage(r.provider, r.model, u)
         if cost is None:
             self.unpriced_calls += 1
         else:
@@ -332,10 +334,19 @@ def apply(state: RunFold, event: Event) -> RunFold:
     state.updated_at = event.timestamp
     match event:
         case ModelResponded():
-            state.usage.add(event)
+            # Priced once, here: the one place a dollar figure is produced.
+            r = event.response
+            cost = price_usage(r.provider, r.model, r.usage)
+            state.usage.add(r.usage, cost)
             path = event.step_path or state.session_steps.get(event.originator_id)
             if path is not None and path in state.steps:
-                state.steps[path].usage.add(event)
+                state.steps[path].usage.add(r.usage, cost)
+        case ModelCalled() | ToolCallStarted() | ToolCallSucceeded() | ToolCallFailed():
+            # The bulk of a long log; matched early because they change nothing here.
+            pass
+        case SessionCompleted():
+            # Its usage is a rollup of the same model.responded events: never folded.
+            pass
         case StepStarted():
             step = state.step(event.step_path, event.step_id)
             step.kind = event.kind

@@ -1,0 +1,313 @@
+"""replay_run: a read-only, deterministic, immutable fold of one run's log."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from eventsourcing.persistence import StoredEvent
+from pydantic import ValidationError
+
+from little_es.errors import (
+    ArtifactNotFoundError,
+    EventPayloadError,
+    InvalidRunIdError,
+    RunNotFoundError,
+    UnknownEventTypeError,
+)
+from little_es.events import utc_now
+from little_es.ids import run_stream_id
+from little_es.replay import ReplayPlanStep, ReplayResult, replay_run
+from little_es.world import World
+from tests._logs import RunWriter, priced, unpriced, write_agent_run
+
+# ---------------------------------------------------------------- determinism
+
+
+def test_two_replays_are_deeply_equal(world: World) -> None:
+    w = write_agent_run(world, "run_idem", steps=2, calls_per_step=3, complete=False)
+    ref = world.artifacts.put(b"report body", run_id="run_idem", step_path="write")
+    w.task_step("write", {"pages": [1, 2]}, artifact_refs=[ref])
+    first = replay_run(world, "run_idem")
+    second = replay_run(world, "run_idem")
+    assert first == second
+    assert first.model_dump() == second.model_dump()
+    assert first is not second
+    assert first.state.event_count == len(world.read_run_log("run_idem"))
+
+
+def test_replay_appends_nothing(world: World) -> None:
+    write_agent_run(world, "run_ro", steps=1, calls_per_step=2)
+    before = world.app.recorder.max_notification_id()
+    replay_run(world, "run_ro")
+    assert world.app.recorder.max_notification_id() == before
+
+
+# ---------------------------------------------------------------- immutability
+
+
+@pytest.fixture
+def replayed(world: World) -> ReplayResult:
+    w = RunWriter(world, "run_frozen", input={"task": {"tags": ["a"]}})
+    ref = world.artifacts.put(b"\x00\x01 blob", run_id="run_frozen", step_path="collect")
+    w.task_step("collect", {"items": [1, {"k": "v"}]}, artifact_refs=[ref])
+    w.agent_step("think", [priced()])
+    w.start_step("next")
+    return replay_run(world, "run_frozen")
+
+
+# Typed Any: each of these is a type error too, which is the point; here they run.
+_MUTATIONS: dict[str, Callable[[Any], object]] = {
+    "result field": lambda r: setattr(r, "run_id", "other"),
+    "result steps": lambda r: r.steps.append(r.steps[0]),
+    "completed paths": lambda r: r.completed_step_paths.append("x"),
+    "state field": lambda r: setattr(r.state, "status", "completed"),
+    "state steps mapping": lambda r: r.state.steps.__setitem__("x", r.state.steps["collect"]),
+    "state steps delete": lambda r: r.state.steps.pop("collect"),
+    "step state field": lambda r: setattr(r.state.steps["collect"], "status", "pending"),
+    "step usage": lambda r: setattr(r.state.steps["think"].usage, "cost_usd", 0.0),
+    "run usage": lambda r: setattr(r.state.usage, "input_tokens", 0),
+    "state input": lambda r: r.state.input["task"].__setitem__("x", 1),
+    "state input list": lambda r: r.state.input["task"]["tags"].append("b"),
+    "visits": lambda r: r.state.visits.__setitem__("collect", 9),
+    "plan step field": lambda r: setattr(r.steps[0], "should_run", True),
+    "plan step output": lambda r: r.steps[0].output.__setitem__("items", []),
+    "plan step output nested": lambda r: r.steps[0].output["items"][1].update(k="w"),
+    "plan step output list": lambda r: r.steps[0].output["items"].append(2),
+    "state step output": lambda r: r.state.steps["collect"].output.clear(),
+    "artifact refs": lambda r: r.steps[0].artifact_refs.append(r.steps[0].artifact_refs[0]),
+    "artifact manifest": lambda r: setattr(r.artifacts[0].manifest, "sha256", "0" * 64),
+    "artifact payload": lambda r: setattr(r.artifacts[0], "payload", b"swapped"),
+    "artifact bytes": lambda r: r.artifacts[0].payload.__setitem__(0, 1),
+    "artifacts tuple": lambda r: r.artifacts.append(r.artifacts[0]),
+}
+
+
+@pytest.mark.parametrize("what", list(_MUTATIONS))
+def test_every_part_of_a_result_refuses_mutation(replayed: ReplayResult, what: str) -> None:
+    snapshot = replayed.model_dump()
+    with pytest.raises((TypeError, AttributeError, ValidationError)):
+        _MUTATIONS[what](replayed)
+    assert replayed.model_dump() == snapshot
+
+
+# ---------------------------------------------------------------- the plan
+
+
+def test_plan_statuses_and_should_run(world: World) -> None:
+    w = RunWriter(world, "run_plan")
+    w.task_step("fetch", {"n": 1})
+    w.start_step("retry_me")
+    w.fail_step("retry_me", will_retry=True)
+    w.start_step("broken")
+    w.fail_step("broken", will_retry=False)
+    w.agent_step("agent", [priced()], complete=False)
+    result = replay_run(world, "run_plan")
+    assert [(s.step_path, s.status, s.should_run) for s in result.steps] == [
+        ("fetch", "completed", False),
+        ("retry_me", "pending", True),
+        ("broken", "failed", True),
+        ("agent", "running", True),
+    ]
+    assert result.completed_step_paths == ("fetch",)
+    assert result.pending_step_paths == ("retry_me", "broken", "agent")
+    assert result.steps[0] == ReplayPlanStep(
+        step_path="fetch", status="completed", should_run=False, output={"n": 1}
+    )
+    assert not hasattr(result.steps[0], "usage")
+
+
+def test_a_step_completed_on_a_later_attempt_does_not_run_again(world: World) -> None:
+    w = RunWriter(world, "run_attempts")
+    w.start_step("flaky")
+    w.fail_step("flaky", will_retry=True)
+    w.start_step("flaky", attempt=2)
+    w.complete_step("flaky", "ok", attempt=2)
+    result = replay_run(world, "run_attempts")
+    assert result.completed_step_paths == ("flaky",)
+    assert result.state.steps["flaky"].attempts == 2
+
+
+# ---------------------------------------------------------------- scope
+
+
+def test_sub_run_events_are_not_in_the_parents_replay(world: World) -> None:
+    parent = RunWriter(world, "run_parent")
+    parent.agent_step("plan", [priced(input_tokens=10, output_tokens=1)])
+    parent.start_step("delegate", kind="subworkflow")
+    child = parent.sub_run("delegate", "run_parent_child")
+    child.agent_step("work", [priced(input_tokens=5000, output_tokens=700)] * 3)
+    child.task_step("tidy", "ok")
+    child.complete("child done")
+    parent.complete_step("delegate", "child done")
+
+    result = replay_run(world, "run_parent")
+    own = world.read_run_log("run_parent")
+    child_streams = {world.load_run("run_parent_child").id} | {
+        s.id for s in child.sessions.values()
+    }
+    assert not {e.originator_id for e in own} & child_streams
+    assert result.state.event_count == len(own)
+    assert result.state.sub_run_ids == ("run_parent_child",)
+    assert list(result.state.steps) == ["plan", "delegate"]
+    assert result.state.usage.input_tokens == 10
+    assert result.state.usage.calls == 1
+
+    sub = replay_run(world, "run_parent_child")
+    assert sub.state.parent_run_id == "run_parent"
+    assert sub.state.usage.input_tokens == 15000
+    assert sub.state.status == "completed"
+
+
+# ---------------------------------------------------------------- artifacts
+
+
+def test_artifacts_are_hydrated_deduplicated_in_step_order(world: World) -> None:
+    store = world.artifacts
+    out_a = store.put(b"A" * 10, run_id="run_art", step_path="a", media_type="text/plain")
+    side = store.put(b"side", run_id="run_art", step_path="a")
+    out_b = store.put(b"B" * 3, run_id="run_art", step_path="b")
+    w = RunWriter(world, "run_art")
+    w.task_step("a", None, output_ref=out_a, artifact_refs=[side, out_a])
+    w.task_step("b", None, output_ref=out_b, artifact_refs=[side])
+    w.complete(output_ref=out_b)
+    result = replay_run(world, "run_art")
+    assert [a.manifest for a in result.artifacts] == [out_a, side, out_b]
+    assert [a.payload for a in result.artifacts] == [b"A" * 10, b"side", b"B" * 3]
+    assert result.steps[0].output_ref == out_a
+
+
+def test_a_missing_artifact_is_refused(world: World) -> None:
+    real = world.artifacts.put(b"kept", run_id="run_gone", step_path="a")
+    ghost = real.model_copy(
+        update={"sha256": hashlib.sha256(b"never stored").hexdigest(), "size": 12}
+    )
+    w = RunWriter(world, "run_gone")
+    w.task_step("a", None, output_ref=ghost)
+    with pytest.raises(ArtifactNotFoundError, match="run 'run_gone', step 'a'"):
+        replay_run(world, "run_gone")
+
+
+# ---------------------------------------------------------------- read-only on disk
+
+
+def _files(data_dir: Path) -> dict[str, tuple[str, int, int]]:
+    return {
+        p.name: (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns, p.stat().st_size)
+        for p in sorted(data_dir.glob("events.sqlite3*"))
+    }
+
+
+@pytest.mark.backends("sqlite")
+def test_replay_leaves_the_sqlite_files_untouched(
+    world_spec: Any, world_factory: Callable[[], World]
+) -> None:
+    writer = world_factory()
+    write_agent_run(writer, "run_disk", steps=3, calls_per_step=4)
+    writer.close()  # checkpoints the WAL into the database file
+
+    world = world_factory()
+    before = _files(world_spec.data_dir)
+    assert {"events.sqlite3", "events.sqlite3-wal", "events.sqlite3-shm"} <= set(before)
+    time.sleep(0.02)  # so that a write would show in the mtimes
+    replay_run(world, "run_disk")
+    replay_run(world, "run_disk")
+    assert _files(world_spec.data_dir) == before
+
+
+@pytest.mark.backends("sqlite")
+def test_replay_with_frames_still_in_the_wal_writes_nothing(
+    world_spec: Any, world_factory: Callable[[], World]
+) -> None:
+    world = world_factory()
+    write_agent_run(world, "run_wal", steps=2, calls_per_step=3)
+    replay_run(world, "run_wal")
+    # A SQLite reader records a read mark in the -shm wal-index (shared memory,
+    # not data) the first time it reads new WAL frames; from then on, nothing.
+    before = _files(world_spec.data_dir)
+    assert before["events.sqlite3-wal"][2] > 0
+    time.sleep(0.02)
+    replay_run(world, "run_wal")
+    assert _files(world_spec.data_dir) == before
+
+
+# ---------------------------------------------------------------- errors
+
+
+def test_unknown_run_names_the_id_and_the_world(world: World) -> None:
+    write_agent_run(world, "run_exists", steps=1, calls_per_step=1)
+    with pytest.raises(RunNotFoundError) as caught:
+        replay_run(world, "run_missing")
+    assert caught.value.run_id == "run_missing"
+    assert "'run_missing'" in str(caught.value)
+    assert world.name in str(caught.value)
+
+
+@pytest.mark.parametrize("bad", ["", "../etc/passwd", "a b", "x" * 129, 42])
+def test_invalid_run_ids_are_refused(world: World, bad: Any) -> None:
+    with pytest.raises(InvalidRunIdError):
+        replay_run(world, bad)
+
+
+def test_replay_needs_a_world() -> None:
+    with pytest.raises(TypeError, match="World"):
+        replay_run("sqlite:///.little-workflow", "run_x")  # type: ignore[arg-type]
+
+
+def _append_raw(world: World, run_id: str, topic: str, payload: dict[str, Any]) -> None:
+    # What a newer program, or a damaged disk, could have left in the log.
+    stream = run_stream_id(run_id)
+    version = len(world.read_stream(stream)) + 1
+    state = {"timestamp": utc_now().isoformat(), **payload}
+    world.app.recorder.insert_events([StoredEvent(stream, version, topic, orjson.dumps(state))])
+
+
+def test_an_unresolvable_topic_names_the_topic_and_the_run(world: World) -> None:
+    RunWriter(world, "run_topic").task_step("a", 1)
+    _append_raw(world, "run_topic", "acme.ApprovalGranted", {"approver": "ops"})
+    with pytest.raises(UnknownEventTypeError) as caught:
+        replay_run(world, "run_topic")
+    message = str(caught.value)
+    assert "'acme.ApprovalGranted'" in message
+    assert "run 'run_topic'" in message
+
+
+def test_a_malformed_payload_names_the_event_and_the_field(world: World) -> None:
+    RunWriter(world, "run_bad").task_step("a", 1)
+    _append_raw(
+        world,
+        "run_bad",
+        "StepCompleted",
+        {"step_path": "b", "step_id": "b", "visit": "first", "attempt": 1},
+    )
+    with pytest.raises(EventPayloadError) as caught:
+        replay_run(world, "run_bad")
+    message = str(caught.value)
+    assert "'StepCompleted'" in message
+    assert "visit" in message
+    assert "run 'run_bad'" in message
+
+
+def test_a_recorded_cost_in_a_usage_payload_is_refused(world: World) -> None:
+    w = RunWriter(world, "run_cost")
+    session = w.agent_step("think", [unpriced()], complete=False)
+    version = session.version + 1
+    state = {
+        "timestamp": utc_now().isoformat(),
+        "turn": 2,
+        "response": {
+            "provider": "openai",
+            "model": "gpt-4o",
+            "usage": {"input_tokens": 1, "cost_usd": 99.0},
+        },
+    }
+    world.app.recorder.insert_events(
+        [StoredEvent(session.id, version, "harness.model.responded", orjson.dumps(state))]
+    )
+    with pytest.raises(EventPayloadError, match="cost_usd"):
+        replay_run(world, "run_cost")
