@@ -41,7 +41,7 @@ from typer.core import TyperGroup
 from little_es.errors import LittleEsError, WorldConfigError
 from little_es.events import Event
 from little_es.ids import validate_run_id
-from little_es.materialize import MaterializedRunState, UsageTotals, materialize_run_state, thaw
+from little_es.materialize import MaterializedRunState, UsageTotals, materialize_run_state
 from little_es.projections import RunSummary, list_runs
 from little_es.replay import ReplayResult, replay_run
 from little_es.world import DEFAULT_DATA_DIR, WORLD_ENV_VAR, World, open_world
@@ -243,7 +243,7 @@ def replay_json(result: ReplayResult) -> dict[str, Any]:
 
 
 def _short_json(value: Any, limit: int = 60) -> str:
-    text = orjson.dumps(thaw(value)).decode()
+    text = orjson.dumps(value).decode()
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

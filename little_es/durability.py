@@ -235,7 +235,9 @@ class RunRecorder:
             will_retry=will_retry,
         )
 
-    def branches_scheduled(self, step_path: str, *, step_id: str, branch_keys: Sequence[str]) -> None:
+    def branches_scheduled(
+        self, step_path: str, *, step_id: str, branch_keys: Sequence[str]
+    ) -> None:
         """Commit a parallel group's branch set before any branch runs."""
         self._commit(
             ParallelBranchScheduled,

@@ -92,13 +92,15 @@ class ParallelReplayMismatchError(RuntimeIntegrityError):
 
 
 class CapabilityDriftError(RuntimeIntegrityError):
-    """An agent step's harness manifest (model, prompt, tools, parameters) changed since it started."""
+    """An agent step's harness manifest (model, prompt, tools, ...) changed since it started."""
 
 
 class ModelError(LittleEsError):
     """A model provider call failed. ``retryable`` says whether trying again can help."""
 
-    def __init__(self, message: str, *, retryable: bool, provider: str = "", status: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, retryable: bool, provider: str = "", status: int | None = None
+    ) -> None:
         super().__init__(message)
         self.retryable = retryable
         self.provider = provider

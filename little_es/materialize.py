@@ -23,16 +23,15 @@ Cost rules (the only place a dollar figure is produced):
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict
 
-from little_es._frozen import FrozenDict, freeze_json
+from little_es._frozen import FrozenDict, freeze
 from little_es.artifacts import ArtifactRef
 from little_es.events import (
     ErrorInfo,
@@ -56,16 +55,19 @@ from little_es.events import (
 )
 from little_es.harness.messages import JSONValue, Usage
 from little_es.pricing import price_usage
+from little_es.workflow.paths import visit_key
 
 StepStatus = Literal["pending", "running", "completed", "failed"]
 RunStatus = Literal["pending", "running", "completed", "failed"]
 
-_VISIT_SUFFIX = re.compile(r"@\d+$")
+def visit_counter(step_path: str) -> str:
+    """The key of :attr:`MaterializedRunState.visits` a committed visit counts against.
 
-
-def visit_key(step_path: str) -> str:
-    """The (step id, branch path) a visit counts against: the path without its last ``@N``."""
-    return _VISIT_SUFFIX.sub("", step_path)
+    :func:`little_es.workflow.paths.visit_key` as one string: ``review@3`` counts
+    for ``review``, ``check@2[a.py]/lint`` for ``check[a.py]/lint``.
+    """
+    step_id, branch_path = visit_key(step_path)
+    return f"{branch_path}/{step_id}" if branch_path else step_id
 
 
 class UsageTotals(BaseModel):
@@ -122,7 +124,7 @@ class MaterializedRunState(BaseModel):
     steps: Mapping[str, StepState] = FrozenDict()
     """Per step path, in the order the steps were first started."""
     visits: Mapping[str, int] = FrozenDict()
-    """Committed visits per (step id, branch path), see :func:`visit_key`."""
+    """Committed visits per (step id, branch path), see :func:`visit_counter`."""
     parallel_groups: Mapping[str, tuple[str, ...]] = FrozenDict()
     """Recorded branch keys per parallel group step path."""
     pending_decision_target: str | None = None
@@ -208,7 +210,7 @@ class StepFold:
             status=self.status,
             visit=self.visit,
             attempts=self.attempts,
-            output=freeze_json(self.output),
+            output=freeze(self.output),
             output_ref=self.output_ref,
             artifact_refs=self.artifact_refs,
             next_step=self.next_step,
@@ -306,8 +308,8 @@ class RunFold:
             ir_hash=self.ir_hash,
             parent_run_id=self.parent_run_id,
             status=self.status,
-            input=freeze_json(self.input),
-            output=freeze_json(self.output),
+            input=freeze(self.input),
+            output=freeze(self.output),
             output_ref=self.output_ref,
             error=self.error,
             failed_step_path=self.failed_step_path,
@@ -371,7 +373,7 @@ def apply(state: RunFold, event: Event) -> RunFold:
             step.artifact_refs = event.artifact_refs
             step.next_step = event.next_step
             step.error = None
-            key = visit_key(event.step_path)
+            key = visit_counter(event.step_path)
             state.visits[key] = state.visits.get(key, 0) + 1
             if event.next_step is not None:
                 state.pending_decision_target = event.next_step
@@ -416,11 +418,3 @@ def materialize_run_state(events: Iterable[Event]) -> MaterializedRunState:
         apply(state, event)
     return state.freeze()
 
-
-def thaw(value: Any) -> Any:
-    """A plain-``dict``/``list`` copy of a frozen JSON value (for serialising results)."""
-    if isinstance(value, Mapping):
-        return {k: thaw(v) for k, v in value.items()}
-    if isinstance(value, tuple | list):
-        return [thaw(v) for v in value]
-    return value

@@ -19,7 +19,7 @@ from little_es.materialize import (
     UsageTotals,
     apply,
     materialize_run_state,
-    visit_key,
+    visit_counter,
 )
 from little_es.pricing import price_usage
 from little_es.replay import replay_run
@@ -155,7 +155,8 @@ def test_visits_and_the_pending_decision_target(mem: World) -> None:
     w.task_step("review@2", "v2", visit=2)
     w.task_step("decide@2", None, visit=2, next_step="publish")
     state = _state(mem, "run_loop")
-    assert visit_key("review@2") == "review"
+    assert visit_counter("review@2") == "review"
+    assert visit_counter("check@2[a.py]/lint") == "check[a.py]/lint"
     assert state.visits == {"review": 2, "decide": 2}
     assert state.steps["review@2"].visit == 2
     assert state.pending_decision_target == "publish"

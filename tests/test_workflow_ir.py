@@ -17,6 +17,7 @@ import orjson
 import pytest
 from pydantic import ValidationError
 
+from little_es._frozen import FrozenDict, FrozenList, freeze
 from little_es.errors import WorkflowDefinitionError
 from little_es.harness.model import ScriptedModel
 from little_es.harness.tools import tool
@@ -35,7 +36,7 @@ from little_es.workflow.authoring import (
     subworkflow,
     task,
 )
-from little_es.workflow.context import FrozenDict, FrozenList, StepContext, freeze
+from little_es.workflow.context import StepContext
 from little_es.workflow.ir import END, AgentSpecIR, RetryPolicy, StepIR, WorkflowIR
 from little_es.workflow.paths import InvalidStepPathError
 

@@ -29,6 +29,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+from little_es._frozen import FrozenDict, freeze
 from little_es.durability import RunRecorder, encode_output, normalize_output, read_output
 from little_es.errors import LittleEsError, StepExecutionError, WorkflowDefinitionError
 from little_es.events import ErrorInfo, Event
@@ -51,7 +52,7 @@ from little_es.workflow.authoring import (
     TaskStep,
     Workflow,
 )
-from little_es.workflow.context import FrozenDict, StepContext, freeze
+from little_es.workflow.context import StepContext
 from little_es.workflow.ir import END
 from little_es.workflow.paths import step_path as make_step_path
 from little_es.world import World
@@ -308,7 +309,7 @@ class _Scheduler:
                     will_retry=will_retry,
                 )
                 if not will_retry:
-                    raise _StepGaveUp(path, error) from exc
+                    raise _RetriesExhaustedError(path, error) from exc
                 await asyncio.sleep(policy.backoff_for(attempt))
                 attempt += 1
                 continue
@@ -374,7 +375,9 @@ class _Scheduler:
         inner: BranchStep = step.step
 
         async def branch(key: str) -> Any:
-            branch_path = make_step_path(inner.id, group_id=step.id, branch_key=key, group_visit=visit)
+            branch_path = make_step_path(
+                inner.id, group_id=step.id, branch_key=key, group_visit=visit
+            )
             async with limit:
                 return await self._step(inner, branch_path, 1, branch_set[key])
 
@@ -388,7 +391,7 @@ class _Scheduler:
         )
 
 
-class _StepGaveUp(Exception):
+class _RetriesExhaustedError(Exception):
     def __init__(self, step_path: str, error: ErrorInfo) -> None:
         super().__init__(step_path)
         self.step_path = step_path
@@ -465,7 +468,7 @@ async def run_workflow(
         log.info("run resumed" if resumed else "run started")
         try:
             output = await scheduler.drive()
-        except _StepGaveUp as gave_up:
+        except _RetriesExhaustedError as gave_up:
             recorder.run_failed(gave_up.error, step_path=gave_up.step_path)
             raise RunFailedError(run_id, gave_up.step_path, gave_up.error) from gave_up.__cause__
         except VisitLimitError as exc:
