@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from little_es import (
     ModelRequest,
@@ -137,7 +138,11 @@ triage = Workflow(
         ),
         parallel(
             "check",
-            branches=lambda ctx: ["auth/reset.py", "auth/session.py", "web/login.py"],
+            branches=lambda ctx: {
+                "reset": "auth/reset.py",
+                "session": "auth/session.py",
+                "login": "web/login.py",
+            },
             step=task("lint", lint_file),
         ),
         task("draft", write_patch, max_visits=3),
@@ -152,7 +157,7 @@ def _child(world_dir: str) -> None:
 
 
 def main() -> None:
-    console = Console()
+    console = Console(width=110)
     world_dir = tempfile.mkdtemp(prefix="little-es-example-")
     os.environ["TRIAGE_LEDGER"] = str(Path(world_dir) / LEDGER)
 
@@ -177,7 +182,10 @@ def main() -> None:
         counts_before = collections.Counter(before)
         counts_after = collections.Counter(after)
         for line in dict.fromkeys(before + after):
-            console.print(f"     {line:<34} {counts_before[line]} | {counts_after[line]}")
+            console.print(
+                f"     {escape(f'{line:<34}')} {counts_before[line]} | {counts_after[line]}",
+                highlight=False,
+            )
 
         console.print(f"[bold]3.[/] little report {RUN_ID}")
         render_report(world, RUN_ID, console)

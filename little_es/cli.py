@@ -187,7 +187,7 @@ def render_report(world: World, run_id: str, console: Console) -> MaterializedRu
         box=box.SIMPLE_HEAD,
         show_footer=False,
     )
-    table.add_column("step", overflow="fold")
+    table.add_column("step", no_wrap=True, min_width=max((len(p) for p in state.steps), default=4))
     table.add_column("status", no_wrap=True)
     table.add_column("visit", justify="right", no_wrap=True)
     for name in ("input", "output", "cached", "reasoning"):
@@ -269,7 +269,7 @@ def replay_command(
         f" · {state.event_count} events"
     )
     table = Table(box=box.SIMPLE_HEAD)
-    table.add_column("step", overflow="fold")
+    table.add_column("step", no_wrap=True, min_width=max((len(p) for p in state.steps), default=4))
     table.add_column("status", no_wrap=True)
     table.add_column("runs on resume", no_wrap=True)
     table.add_column("output", overflow="fold")

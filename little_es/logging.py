@@ -25,7 +25,7 @@ from structlog.typing import FilteringBoundLogger, Processor
 
 from little_es.errors import LittleEsError
 
-__all__ = ["LoggingConfigError", "configure_logging", "get_logger"]
+__all__ = ["LibraryLogger", "LoggingConfigError", "configure_logging", "get_logger"]
 
 _LEVELS: Final = {
     "DEBUG": _stdlib_logging.DEBUG,
@@ -45,16 +45,59 @@ class LoggingConfigError(LittleEsError, ValueError):
     """A log level or ``LITTLE_ES_LOG_*`` environment value is not one little_es understands."""
 
 
-def get_logger(**bound: Any) -> FilteringBoundLogger:
-    """Return a structlog logger with ``bound`` as its context.
+class LibraryLogger:
+    """The logger library modules use: structlog's, but quiet until logging is configured.
 
-    Typical keys: ``run_id``, ``step_path``, ``session_id``, ``attempt``. The
-    logger is resolved against the structlog configuration in effect when it
-    logs, so a module-level ``log = get_logger()`` picks up a later
+    An application that never configures logging should not find little_es'
+    progress lines on its stdout; warnings and errors still get through. Once
+    :func:`configure_logging` (or the application's own ``structlog.configure``)
+    has run, every entry follows that configuration.
+    """
+
+    __slots__ = ("_bound",)
+
+    def __init__(self, bound: dict[str, Any]) -> None:
+        self._bound = bound
+
+    def bind(self, **more: Any) -> LibraryLogger:
+        """A logger with more context bound."""
+        return LibraryLogger({**self._bound, **more})
+
+    def _emit(self, level: int, method: str, event: str, kw: dict[str, Any]) -> None:
+        if level < _stdlib_logging.WARNING and not structlog.is_configured():
+            return
+        logger: FilteringBoundLogger = structlog.get_logger(**self._bound)
+        getattr(logger, method)(event, **kw)
+
+    def debug(self, event: str, **kw: Any) -> None:
+        """Log at DEBUG."""
+        self._emit(_stdlib_logging.DEBUG, "debug", event, kw)
+
+    def info(self, event: str, **kw: Any) -> None:
+        """Log at INFO."""
+        self._emit(_stdlib_logging.INFO, "info", event, kw)
+
+    def warning(self, event: str, **kw: Any) -> None:
+        """Log at WARNING."""
+        self._emit(_stdlib_logging.WARNING, "warning", event, kw)
+
+    def error(self, event: str, **kw: Any) -> None:
+        """Log at ERROR."""
+        self._emit(_stdlib_logging.ERROR, "error", event, kw)
+
+    def exception(self, event: str, **kw: Any) -> None:
+        """Log at ERROR with the current exception."""
+        self._emit(_stdlib_logging.ERROR, "exception", event, kw)
+
+
+def get_logger(**bound: Any) -> LibraryLogger:
+    """Return a logger with ``bound`` as its context (``run_id``, ``step_path``, ...).
+
+    It is resolved against the structlog configuration in effect when it logs,
+    so a module-level ``log = get_logger()`` picks up a later
     :func:`configure_logging`.
     """
-    logger: FilteringBoundLogger = structlog.get_logger(**bound)
-    return logger
+    return LibraryLogger(dict(bound))
 
 
 def configure_logging(*, json: bool | None = None, level: str | None = None) -> None:

@@ -275,3 +275,21 @@ def test_importing_the_library_configures_nothing() -> None:
 
     assert done.returncode == 0, done.stderr + done.stdout
     assert done.stdout.strip() == "ok"
+
+
+def test_library_logs_stay_quiet_below_warning_until_configured() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "from little_es.logging import get_logger\n"
+        "log = get_logger(run_id='r1')\n"
+        "log.info('progress line')\n"
+        "log.warning('something odd')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    out = done.stdout + done.stderr
+    assert "progress line" not in out
+    assert "something odd" in out and "r1" in out

@@ -358,7 +358,15 @@ class _Scheduler:
                 path, step_id=step.id, kind="parallel", visit=visit, attempt=1
             )
         ctx = self._context(path, 1)
-        branch_set = step.branch_set(await _call(step.branches, ctx))
+        try:
+            branch_set = step.branch_set(await _call(step.branches, ctx))
+        except Exception as exc:
+            # Recorded, or the group would look in flight forever.
+            error = ErrorInfo.from_exception(exc, retryable=False)
+            self.recorder.step_failed(
+                path, step_id=step.id, visit=visit, attempt=1, error=error, will_retry=False
+            )
+            raise _RetriesExhaustedError(path, error) from exc
         keys = tuple(branch_set)
         scheduled = fold.parallel_groups.get(path)
         if recorded is not None and recorded.status == "completed":
