@@ -59,6 +59,12 @@ from little_es.harness.messages import (
     Usage,
 )
 from little_es.harness.model import Model, ModelConfigError, ScriptedModel, ScriptedReply
+from little_es.harness.session import (
+    ConversationDivergedError,
+    SessionOutcome,
+    TurnLimitExceededError,
+    run_agent_session,
+)
 from little_es.harness.tools import Tool, ToolArgumentsError, ToolContext, resolve_tools, tool
 from little_es.ids import new_run_id, validate_run_id
 from little_es.integrity import RunInputMismatchError
@@ -70,6 +76,7 @@ from little_es.materialize import (
     apply,
     materialize_run_state,
 )
+from little_es.orchestrator import SubRunFailedError, start_workflow_tool
 from little_es.pricing import (
     ModelInfo,
     PricingError,
@@ -78,6 +85,8 @@ from little_es.pricing import (
     register_model_price,
     unregister_model_price,
 )
+from little_es.projections import RunSummary, list_runs
+from little_es.replay import ReplayPlanStep, ReplayResult, replay_run
 from little_es.workflow.authoring import (
     Workflow,
     agent,
@@ -101,6 +110,7 @@ __all__ = [
     "CapabilityDriftError",
     "ConcurrencyConflictError",
     "ConcurrentRunError",
+    "ConversationDivergedError",
     "ErrorInfo",
     "Event",
     "EventLogError",
@@ -125,6 +135,8 @@ __all__ = [
     "ParallelBranchScheduled",
     "ParallelReplayMismatchError",
     "PricingError",
+    "ReplayPlanStep",
+    "ReplayResult",
     "RetryPolicy",
     "Run",
     "RunCompleted",
@@ -135,10 +147,12 @@ __all__ = [
     "RunNotFoundError",
     "RunResult",
     "RunStarted",
+    "RunSummary",
     "RuntimeIntegrityError",
     "ScriptedModel",
     "ScriptedReply",
     "SessionCompleted",
+    "SessionOutcome",
     "SessionStarted",
     "StepCompleted",
     "StepContext",
@@ -146,6 +160,7 @@ __all__ = [
     "StepFailed",
     "StepStarted",
     "StepState",
+    "SubRunFailedError",
     "SubRunReserved",
     "Tool",
     "ToolArgumentsError",
@@ -156,6 +171,7 @@ __all__ = [
     "ToolContext",
     "ToolError",
     "ToolSpec",
+    "TurnLimitExceededError",
     "UnknownEventTypeError",
     "Usage",
     "UsageTotals",
@@ -171,6 +187,7 @@ __all__ = [
     "decision",
     "get_logger",
     "get_model_info_for",
+    "list_runs",
     "local_world",
     "materialize_run_state",
     "memory_world",
@@ -180,8 +197,11 @@ __all__ = [
     "postgres_world",
     "price_usage",
     "register_model_price",
+    "replay_run",
     "resolve_tools",
+    "run_agent_session",
     "run_workflow",
+    "start_workflow_tool",
     "subworkflow",
     "task",
     "tool",

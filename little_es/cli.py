@@ -223,10 +223,23 @@ def render_report(world: World, run_id: str, console: Console) -> MaterializedRu
 
 
 @app.command("report")
-def report_command(run_id: RunIdArgument, world: WorldOption = None) -> None:
+def report_command(
+    run_id: RunIdArgument,
+    world: WorldOption = None,
+    tree: Annotated[
+        bool, typer.Option("--tree", help="Also show the whole tree of sub-runs with totals.")
+    ] = False,
+) -> None:
     """Per-step tokens and cost of a run (priced from the log, never from a recorded cost)."""
+    from little_es.orchestrator import render_sub_runs, render_tree
+
+    console = _console()
     with inspection_world(world) as w:
-        render_report(w, run_id, _console())
+        render_report(w, run_id, console)
+        if tree:
+            render_tree(w, run_id, console)
+        else:
+            render_sub_runs(w, run_id, console)
 
 
 def replay_json(result: ReplayResult) -> dict[str, Any]:

@@ -55,7 +55,7 @@ from little_es.events import (
 )
 from little_es.harness.messages import JSONValue, Usage
 from little_es.pricing import price_usage
-from little_es.workflow.paths import visit_key
+from little_es.workflow.paths import InvalidStepPathError, visit_key
 
 StepStatus = Literal["pending", "running", "completed", "failed"]
 RunStatus = Literal["pending", "running", "completed", "failed"]
@@ -66,7 +66,11 @@ def visit_counter(step_path: str) -> str:
     :func:`little_es.workflow.paths.visit_key` as one string: ``review@3`` counts
     for ``review``, ``check@2[a.py]/lint`` for ``check[a.py]/lint``.
     """
-    step_id, branch_path = visit_key(step_path)
+    try:
+        step_id, branch_path = visit_key(step_path)
+    except InvalidStepPathError:
+        # Not a path the workflow grammar makes (a hand-written log): count it as itself.
+        return step_path
     return f"{branch_path}/{step_id}" if branch_path else step_id
 
 

@@ -10,10 +10,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 import pytest
-from pydantic import ValidationError
 
 from little_es.domain import Run
-from little_es.errors import RunNotFoundError
+from little_es.errors import EventPayloadError, RunNotFoundError
 from little_es.events import (
     HarnessEvent,
     OuterLoopStarted,
@@ -114,9 +113,9 @@ def test_user_event_is_read_by_another_process_that_defines_it(
 
 def test_user_event_fields_are_validated_at_record_time(world: World) -> None:
     _start(world, "run_approval")
-    with pytest.raises(ValidationError, match="approver"):
+    with pytest.raises(EventPayloadError, match="approver"):
         world.record_run_event("run_approval", ApprovalRequested)
-    with pytest.raises(ValidationError, match="amounts"):
+    with pytest.raises(EventPayloadError, match="amounts"):
         world.record_run_event("run_approval", ApprovalRequested, approver="x", amounts=("a",))
     assert len(world.read_run_log("run_approval")) == 1
 

@@ -28,6 +28,14 @@ once per process that resumes; a crash between invoking a tool and recording
 its result can repeat that one call, which is what
 :attr:`~little_es.harness.tools.ToolContext.idempotency_key` is for.
 
+A tool may complete its arguments before the call is recorded: if it has a
+``prepare_args(args, ctx) -> args`` method, the session calls it once, when it
+records the call's ``harness.tool_call.started``, and records (and invokes the
+tool with) what it returns. It may only add arguments, must be deterministic
+in ``args`` and ``ctx``, and is never called for a recorded call: a resumed
+call gets the recorded arguments. ``start_workflow`` uses it to put the
+sub-run id it reserves in the recorded arguments.
+
 Failures: a tool that raises, an unknown tool name and invalid arguments are
 recorded as ``harness.tool_call.failed`` and shown to the model. A
 :class:`~little_es.errors.ModelError` (retryable or not) propagates with the
@@ -61,7 +69,14 @@ from little_es.events import (
     ToolCallSucceeded,
 )
 from little_es.harness.manifest import SessionInputError, check_manifest, compute_manifest
-from little_es.harness.messages import Message, ModelRequest, ModelResponse, ToolCall, Usage
+from little_es.harness.messages import (
+    JSONValue,
+    Message,
+    ModelRequest,
+    ModelResponse,
+    ToolCall,
+    Usage,
+)
 from little_es.harness.model import Model
 from little_es.harness.tools import Tool, ToolContext, resolve_tools
 from little_es.ids import session_stream_id, validate_run_id
@@ -76,6 +91,9 @@ __all__ = [
     "conversation_hash",
     "run_agent_session",
 ]
+
+# Marks an argument the model sent that the recorded arguments lack.
+_MISSING = object()
 
 
 class TurnLimitExceededError(StepExecutionError):
@@ -328,7 +346,9 @@ class _SessionLoop:
         for call_id, call in zip(call_ids, calls, strict=True):
             started = session.tool_calls.get(call_id)
             if started is not None and (
-                started.turn != turn or started.name != call.name or started.args != call.arguments
+                started.turn != turn
+                or started.name != call.name
+                or not self._args_match(started.args, call)
             ):
                 raise ConversationDivergedError(
                     f"{self._where(turn)}: recorded tool call {call_id!r} ({started.name}) does"
@@ -341,9 +361,11 @@ class _SessionLoop:
             if call_id not in session.tool_calls
         ]
         for call_id, call in unstarted:
-            session.trigger(
-                ToolCallStarted, turn=turn, call_id=call_id, name=call.name, args=call.arguments
-            )
+            args, refused = self._prepared_args(call_id, call)
+            session.trigger(ToolCallStarted, turn=turn, call_id=call_id, name=call.name, args=args)
+            if refused is not None:
+                self.tool_calls_made += 1
+                session.trigger(ToolCallFailed, call_id=call_id, error=refused)
         # The response and every start in one transaction, before any tool runs.
         self.world.save(session)
         pending = [session.tool_calls[c] for c in call_ids if c not in session.tool_results]
@@ -373,6 +395,48 @@ class _SessionLoop:
         self.used_call_ids.add(call_id)
         return call_id
 
+    def _tool_context(self, call_id: str) -> ToolContext:
+        return ToolContext(
+            run_id=self.run_id,
+            session_id=self.session_id,
+            call_id=call_id,
+            step_path=self.step_path,
+        )
+
+    def _prepared_args(
+        self, call_id: str, call: ToolCall
+    ) -> tuple[dict[str, JSONValue], ErrorInfo | None]:
+        """The arguments to record for a new call, and the error if the tool's hook refused it."""
+        prepare = getattr(self.tools.get(call.name), "prepare_args", None)
+        if prepare is None:
+            return call.arguments, None
+        try:
+            prepared = prepare(dict(call.arguments), self._tool_context(call_id))
+            if not isinstance(prepared, dict):
+                raise ToolError(
+                    f"tool {call.name!r}: prepare_args returned {type(prepared).__name__},"
+                    " not a dict of arguments"
+                )
+            # Exactly what a replay reads back; a value that is not JSON fails the call here.
+            args: dict[str, JSONValue] = orjson.loads(orjson.dumps(prepared))
+            if any(args.get(k, _MISSING) != v for k, v in call.arguments.items()):
+                raise ToolError(
+                    f"tool {call.name!r}: prepare_args changed or removed an argument the model"
+                    " sent; it may only add arguments"
+                )
+        except Exception as exc:
+            # Recorded as the call's failure, with the model's own arguments.
+            return call.arguments, ErrorInfo.from_exception(exc)
+        return args, None
+
+    def _args_match(self, recorded: Mapping[str, JSONValue], call: ToolCall) -> bool:
+        """Whether recorded arguments are the model's, or those a ``prepare_args`` extended."""
+        if recorded == call.arguments:
+            return True
+        if getattr(self.tools.get(call.name), "prepare_args", None) is None:
+            return False
+        return all(recorded.get(k, _MISSING) == v for k, v in call.arguments.items())
+
     async def _invoke(self, started: ToolCallStarted) -> None:
         self.tool_calls_made += 1
         tool = self.tools.get(started.name)
@@ -382,13 +446,7 @@ class _SessionLoop:
                     f"no tool named {started.name!r}; the tools are:"
                     f" {', '.join(sorted(self.tools)) or 'none'}"
                 )
-            context = ToolContext(
-                run_id=self.run_id,
-                session_id=self.session_id,
-                call_id=started.call_id,
-                step_path=self.step_path,
-            )
-            result = await tool.invoke(dict(started.args), context)
+            result = await tool.invoke(dict(started.args), self._tool_context(started.call_id))
         except Exception as exc:
             self.session.trigger(
                 ToolCallFailed, call_id=started.call_id, error=ErrorInfo.from_exception(exc)

@@ -1,0 +1,539 @@
+"""Orchestrators: agents that start sub-runs of registered workflows, durable across crashes.
+
+An *orchestrator* is an agent step with the :func:`start_workflow_tool` tool.
+Each ``start_workflow`` call runs one registered workflow as a *sub-run*: a
+``Run`` of its own, with its own log, resumed by its own step memoization. Two
+streams are involved, and each is the truth about its own part:
+
+* the orchestrator's log holds ``harness.tool_call.started(start_workflow,
+  args={workflow_id, input, sub_run_id})`` and, on its ``Run`` stream,
+  ``SubRunReserved``; then ``harness.tool_call.succeeded`` with the sub-run's
+  output (or ``failed``);
+* the sub-run's log holds everything the sub-run did, ending in
+  ``RunCompleted``.
+
+The sub-run id is a pure function of ``(parent run id, session id, call id)``
+(:func:`sub_run_id_for_call`). The tool adds it to the call's arguments before
+the harness records ``harness.tool_call.started`` (the session's
+``prepare_args`` hook), and commits ``SubRunReserved`` through the parent's own
+:class:`~little_es.durability.RunRecorder` (the one object holding the parent's
+``Run`` aggregate, exposed by
+:func:`~little_es.workflow.runtime.current_run_recorder`) before the sub-run
+starts. So a crash can never produce a second sub-run for a call; on resume:
+
+* a call with a recorded result fast-forwards from the orchestrator's log;
+* a call in flight is invoked again with its recorded arguments, hence the
+  same sub-run id: :func:`~little_es.workflow.runtime.run_workflow` resumes
+  that sub-run from its own log, or, when the sub-run had already committed
+  ``RunCompleted``, returns its recorded output without running anything,
+  and the orchestrator's log gets the missing ``succeeded``.
+
+``replay_run`` of the orchestrator reads its own streams only. The sub-runs of
+a run are listed by :func:`list_sub_runs` and the whole tree, each node's
+totals from its own materialized state, by :func:`run_tree` (printed by
+:func:`render_sub_runs` and :func:`render_tree`).
+
+A retry of the orchestrator's step after a recorded failure is a new attempt,
+hence a new harness session, whose calls start new sub-runs; a process that
+merely crashed continues the same session and the same sub-runs.
+
+The tool needs the local runtime: it must be called from an agent step of
+:func:`~little_es.workflow.runtime.run_workflow`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.tree import Tree
+
+from little_es.errors import StepExecutionError
+from little_es.events import ErrorInfo, SubRunReserved
+from little_es.harness.messages import JSONValue
+from little_es.harness.tools import Tool, ToolArgumentsError, ToolContext
+from little_es.ids import validate_run_id
+from little_es.materialize import (
+    MaterializedRunState,
+    RunStatus,
+    UsageTotals,
+    materialize_run_state,
+)
+from little_es.workflow.authoring import Workflow
+from little_es.workflow.runtime import RunFailedError, current_run_recorder, run_workflow
+from little_es.world import World
+
+__all__ = [
+    "SUB_RUN_ID_ARG",
+    "OrchestratorContextError",
+    "RunTree",
+    "SubRunFailedError",
+    "SubRunSummary",
+    "list_sub_runs",
+    "render_sub_runs",
+    "render_tree",
+    "run_tree",
+    "start_workflow_tool",
+    "sub_run_id_for_call",
+    "sum_usage",
+]
+
+SUB_RUN_ID_ARG = "sub_run_id"
+"""The argument ``start_workflow`` adds to each call before it is recorded."""
+
+_STATUS_STYLE = {"completed": "green", "running": "yellow", "pending": "cyan", "failed": "red"}
+
+
+class SubRunFailedError(StepExecutionError):
+    """A sub-run started by ``start_workflow`` failed; the tool call fails with this error.
+
+    The orchestrator's model sees it as the call's result and decides what to
+    do. The sub-run's failure is recorded in its own log; it can be resumed.
+    """
+
+    def __init__(self, sub_run_id: str, step_path: str | None, error: ErrorInfo) -> None:
+        self.sub_run_id = sub_run_id
+        self.step_path = step_path
+        self.error = error
+        self.retryable = error.retryable
+        super().__init__(
+            f"sub-run {sub_run_id!r} failed at step {step_path!r}: {error.type}: {error.message}"
+        )
+
+
+class OrchestratorContextError(StepExecutionError):
+    """``start_workflow`` ran outside an agent step of the local runtime, or without its
+    recorded ``sub_run_id``; it cannot reserve a sub-run there."""
+
+    retryable = False
+
+
+def sub_run_id_for_call(parent_run_id: str, session_id: str, call_id: str) -> str:
+    """The deterministic id of the sub-run the tool call ``call_id`` of a session starts."""
+    # NUL cannot appear in any of the three, so the join is unambiguous; the
+    # tag keeps these ids apart from sub_run_id_for(parent, step_path).
+    joined = "\x00".join(("start_workflow", parent_run_id, session_id, call_id))
+    return f"sub_{hashlib.sha256(joined.encode()).hexdigest()[:20]}"
+
+
+async def _describe_start(workflow_id: str, input: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Start a sub-run of a workflow with an input, and wait for its result."""
+    # The schema and validation of the model's arguments come from this
+    # signature; _StartWorkflowTool.invoke does the work with what it returns.
+    return {"workflow_id": workflow_id, "input": input or {}}
+
+
+class _StartWorkflowTool(Tool):
+    """``start_workflow``: the model's arguments plus a recorded ``sub_run_id``."""
+
+    def __init__(self, workflows: Mapping[str, Workflow], max_concurrency: int) -> None:
+        self._workflows = dict(workflows)
+        self._max_concurrency = max_concurrency
+        # Per parent run: the bound is one orchestrator's fan-out, so runs that
+        # use this tool at once in one process never wait for each other's permits.
+        self._limits: dict[str, tuple[asyncio.Semaphore, int]] = {}
+        ids = ", ".join(sorted(self._workflows))
+        super().__init__(
+            _describe_start,
+            name="start_workflow",
+            description=(
+                "Start a sub-run of one of the workflows "
+                f"[{ids}] with an input object, wait for it to finish and return"
+                " {sub_run_id, status, output}. Calls made in one turn run concurrently."
+            ),
+        )
+
+    @property
+    def workflows(self) -> Mapping[str, Workflow]:
+        """The workflows the model may start, by id."""
+        return dict(self._workflows)
+
+    @property
+    def max_concurrency(self) -> int:
+        """How many sub-runs one parent run has running at once, at most."""
+        return self._max_concurrency
+
+    def prepare_args(self, args: dict[str, JSONValue], ctx: ToolContext) -> dict[str, JSONValue]:
+        """Add the call's deterministic ``sub_run_id`` (called by the session before recording)."""
+        if SUB_RUN_ID_ARG in args:
+            raise ToolArgumentsError(
+                f"start_workflow chooses {SUB_RUN_ID_ARG!r} itself: call it with workflow_id and"
+                " input only",
+                tool=self.name,
+                fields=(SUB_RUN_ID_ARG,),
+            )
+        return {
+            **args,
+            SUB_RUN_ID_ARG: sub_run_id_for_call(ctx.run_id, ctx.session_id, ctx.call_id),
+        }
+
+    async def invoke(self, arguments: dict[str, JSONValue], ctx: ToolContext) -> JSONValue:
+        """Reserve the recorded sub-run id on the parent's stream, then run (or resume) it.
+
+        Returns ``{sub_run_id, status, output}``. Raises
+        :class:`~little_es.harness.tools.ToolArgumentsError` for arguments that
+        do not validate or name no registered workflow,
+        :class:`SubRunFailedError` when the sub-run fails, and
+        :class:`OrchestratorContextError` outside an agent step of the local
+        runtime.
+        """
+        if not isinstance(arguments, dict):
+            return await super().invoke(arguments, ctx)  # raises the arguments error
+        args = dict(arguments)
+        sub_run_id = args.pop(SUB_RUN_ID_ARG, None)
+        if not isinstance(sub_run_id, str):
+            raise OrchestratorContextError(
+                f"start_workflow call {ctx.call_id!r} has no {SUB_RUN_ID_ARG!r} argument: call"
+                " it through an agent step, whose harness session adds the id before recording"
+                " the call"
+            )
+        validate_run_id(sub_run_id)
+        request = await super().invoke(args, ctx)
+        assert isinstance(request, dict)
+        workflow = self._workflows.get(request["workflow_id"])
+        if workflow is None:
+            raise ToolArgumentsError(
+                f"start_workflow: no workflow {request['workflow_id']!r}; the workflows are:"
+                f" {', '.join(sorted(self._workflows))}",
+                tool=self.name,
+                fields=("workflow_id",),
+            )
+        recorder = current_run_recorder()
+        if recorder is None or recorder.run_id != ctx.run_id:
+            raise OrchestratorContextError(
+                f"start_workflow call {ctx.call_id!r} of run {ctx.run_id!r} is not running in an"
+                " agent step of run_workflow (little_es's local runtime), so it cannot reserve"
+                " the sub-run on the run's stream: put the tool on an agent() step and run the"
+                " workflow with run_workflow"
+            )
+        # A re-dispatched call finds its reservation committed by the process
+        # that crashed; reserving again would record a second sub-run.
+        if sub_run_id not in recorder.fold.sub_run_ids:
+            recorder.sub_run_reserved(
+                ctx.step_path, sub_run_id=sub_run_id, workflow_id=workflow.id, call_id=ctx.call_id
+            )
+        async with self._limit(ctx.run_id):
+            try:
+                result = await run_workflow(
+                    recorder.world,
+                    workflow,
+                    request["input"],
+                    run_id=sub_run_id,
+                    _parent=(ctx.run_id, ctx.step_path),
+                )
+            except RunFailedError as exc:
+                raise SubRunFailedError(sub_run_id, exc.step_path, exc.error) from exc
+        output: JSONValue = result.output
+        return {"sub_run_id": sub_run_id, "status": result.state.status, "output": output}
+
+    @asynccontextmanager
+    async def _limit(self, parent_run_id: str) -> AsyncIterator[None]:
+        semaphore, users = self._limits.get(parent_run_id, (None, 0))
+        if semaphore is None:
+            semaphore = asyncio.Semaphore(self._max_concurrency)
+        self._limits[parent_run_id] = (semaphore, users + 1)
+        try:
+            async with semaphore:
+                yield
+        finally:
+            semaphore, users = self._limits[parent_run_id]
+            if users == 1:
+                del self._limits[parent_run_id]
+            else:
+                self._limits[parent_run_id] = (semaphore, users - 1)
+
+
+def start_workflow_tool(workflows: Sequence[Workflow], *, max_concurrency: int = 8) -> Tool:
+    """The ``start_workflow`` tool: an agent calls it to run one of ``workflows`` as a sub-run.
+
+    The model sends ``{workflow_id, input}``; the recorded arguments also hold
+    the call's ``sub_run_id``. The call returns ``{sub_run_id, status,
+    output}`` once the sub-run completed, and fails (the model sees the error)
+    when the sub-run fails. Calls of one turn run concurrently, at most
+    ``max_concurrency`` sub-runs at once per parent run. Raises
+    :class:`~little_es.errors.ToolError` for an empty list, anything that is not
+    a :class:`~little_es.workflow.authoring.Workflow`, two workflows with one id,
+    or a ``max_concurrency`` below 1. Use the returned tool as is: re-wrapping it
+    with ``tool(...)`` would drop the sub-run bookkeeping.
+    """
+    from little_es.errors import ToolError
+
+    if isinstance(workflows, str | bytes) or not isinstance(workflows, Sequence) or not workflows:
+        raise ToolError(
+            "start_workflow_tool needs a non-empty list of Workflow objects the agent may start"
+        )
+    by_id: dict[str, Workflow] = {}
+    for workflow in workflows:
+        if not isinstance(workflow, Workflow):
+            raise ToolError(
+                f"start_workflow_tool: {type(workflow).__name__} is not a Workflow; build one"
+                " with Workflow(id, steps=[...])"
+            )
+        if workflow.id in by_id:
+            raise ToolError(
+                f"start_workflow_tool: two workflows have the id {workflow.id!r}; the model"
+                " names a workflow by its id, so each must be unique"
+            )
+        by_id[workflow.id] = workflow
+    if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int):
+        raise ToolError(f"max_concurrency must be an integer >= 1, got {max_concurrency!r}")
+    if max_concurrency < 1:
+        raise ToolError(f"max_concurrency must be an integer >= 1, got {max_concurrency}")
+    return _StartWorkflowTool(by_id, max_concurrency)
+
+
+# ------------------------------------------------------------------ the tree
+
+
+class SubRunSummary(BaseModel):
+    """One sub-run of a run, as ``little report`` lists it.
+
+    ``step_path`` and ``call_id`` say what reserved it (``call_id`` is None
+    for a ``subworkflow`` step). ``status`` and ``usage`` come from the
+    sub-run's own materialized state; a reserved sub-run that never started
+    is ``pending`` with no steps.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    sub_run_id: str
+    workflow_id: str
+    step_path: str
+    call_id: str | None = None
+    status: RunStatus = "pending"
+    steps: int = 0
+    steps_completed: int = 0
+    usage: UsageTotals = UsageTotals()
+
+
+class RunTree(BaseModel):
+    """A run and, recursively, its sub-runs.
+
+    ``usage`` is the run's own (from its own materialized state, which never
+    includes a sub-run); ``total`` adds every descendant's; ``runs`` counts the
+    runs in the tree, this one included.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run_id: str
+    workflow_id: str | None = None
+    status: RunStatus = "pending"
+    step_path: str | None = None
+    """The parent's step that reserved this run (None at the root)."""
+    call_id: str | None = None
+    """The parent's ``start_workflow`` call that reserved this run, if one did."""
+    usage: UsageTotals = UsageTotals()
+    total: UsageTotals = UsageTotals()
+    runs: int = 1
+    children: tuple[RunTree, ...] = ()
+
+
+def _read(world: World, run_id: str) -> tuple[MaterializedRunState, list[SubRunReserved]]:
+    """A run's state and its reservations, from one read of its own log."""
+    events = world.read_run_log(run_id)
+    reserved = [e for e in events if isinstance(e, SubRunReserved)]
+    return materialize_run_state(events), reserved
+
+
+def _state_or_none(world: World, run_id: str) -> tuple[MaterializedRunState, list[SubRunReserved]]:
+    # A reservation is committed before its sub-run starts: a crash in
+    # between leaves a reserved id with no stream, shown as pending.
+    if not world.run_exists(run_id):
+        return MaterializedRunState(run_id=run_id), []
+    return _read(world, run_id)
+
+
+def list_sub_runs(world: World, run_id: str) -> tuple[SubRunSummary, ...]:
+    """The sub-runs ``run_id`` reserved, in reservation order, each with its own status and cost.
+
+    Reads the run's own log for the reservations and each sub-run's log for
+    its state. Raises :class:`~little_es.errors.InvalidRunIdError` or
+    :class:`~little_es.errors.RunNotFoundError` for the run.
+    """
+    validate_run_id(run_id)
+    _, reserved = _read(world, run_id)
+    summaries = []
+    for r in reserved:
+        state, _ = _state_or_none(world, r.sub_run_id)
+        summaries.append(
+            SubRunSummary(
+                sub_run_id=r.sub_run_id,
+                workflow_id=r.workflow_id,
+                step_path=r.step_path,
+                call_id=r.call_id,
+                status=state.status,
+                steps=len(state.steps),
+                steps_completed=sum(1 for s in state.steps.values() if s.status == "completed"),
+                usage=state.usage,
+            )
+        )
+    return tuple(summaries)
+
+
+def sum_usage(totals: Sequence[UsageTotals]) -> UsageTotals:
+    """The totals of several scopes: cost is None only when there were calls and none was priced."""
+    calls = sum(t.calls for t in totals)
+    unpriced = sum(t.unpriced_calls for t in totals)
+    return UsageTotals(
+        input_tokens=sum(t.input_tokens for t in totals),
+        output_tokens=sum(t.output_tokens for t in totals),
+        cached_input_tokens=sum(t.cached_input_tokens for t in totals),
+        reasoning_tokens=sum(t.reasoning_tokens for t in totals),
+        cost_usd=None if calls and calls == unpriced else sum(t.cost_usd or 0.0 for t in totals),
+        unpriced_calls=unpriced,
+        calls=calls,
+    )
+
+
+def run_tree(world: World, run_id: str) -> RunTree:
+    """``run_id`` and all its sub-runs, recursively, with per-run and subtree totals.
+
+    Each run's figures come from its own log folded by the one reducer. Raises
+    :class:`~little_es.errors.InvalidRunIdError` or
+    :class:`~little_es.errors.RunNotFoundError` for the root.
+    """
+    validate_run_id(run_id)
+    state, reserved = _read(world, run_id)
+    return _tree(world, state, reserved, run_id, None, {run_id})
+
+
+def _tree(
+    world: World,
+    state: MaterializedRunState,
+    reserved: Sequence[SubRunReserved],
+    run_id: str,
+    reservation: SubRunReserved | None,
+    seen: set[str],
+) -> RunTree:
+    children = []
+    for r in reserved:
+        if r.sub_run_id in seen:
+            continue  # a log naming an ancestor: shown once, never looped through
+        seen.add(r.sub_run_id)
+        child_state, child_reserved = _state_or_none(world, r.sub_run_id)
+        children.append(_tree(world, child_state, child_reserved, r.sub_run_id, r, seen))
+    return RunTree(
+        run_id=run_id,
+        workflow_id=state.workflow_id or (reservation.workflow_id if reservation else None),
+        status=state.status,
+        step_path=reservation.step_path if reservation else None,
+        call_id=reservation.call_id if reservation else None,
+        usage=state.usage,
+        total=sum_usage([state.usage, *(c.total for c in children)]),
+        runs=1 + sum(c.runs for c in children),
+        children=tuple(children),
+    )
+
+
+def _walk(tree: RunTree) -> Iterator[RunTree]:
+    yield tree
+    for child in tree.children:
+        yield from _walk(child)
+
+
+def _status(status: str) -> str:
+    return f"[{_STATUS_STYLE.get(status, 'white')}]{status}[/]"
+
+
+def _tokens(u: UsageTotals) -> str:
+    return f"{u.input_tokens:,} in / {u.output_tokens:,} out"
+
+
+def render_sub_runs(world: World, run_id: str, console: Console) -> tuple[SubRunSummary, ...]:
+    """Print the table of ``run_id``'s sub-runs (status, steps, tokens, cost); return them.
+
+    Prints nothing for a run without sub-runs, so ``little report`` can call it
+    after :func:`~little_es.cli.render_report` for every run.
+    """
+    from little_es.cli import cost_text  # here: the CLI imports this module
+
+    summaries = list_sub_runs(world, run_id)
+    if not summaries:
+        return summaries
+    table = Table(title=f"sub-runs of [bold]{escape(run_id)}[/]", box=box.SIMPLE_HEAD)
+    table.add_column("sub-run", overflow="fold")
+    table.add_column("workflow", overflow="fold")
+    table.add_column("started by", overflow="fold")
+    table.add_column("status", no_wrap=True)
+    table.add_column("steps", justify="right", no_wrap=True)
+    table.add_column("tokens in/out", justify="right", no_wrap=True)
+    table.add_column("cost (USD)", justify="right", no_wrap=True)
+    for s in summaries:
+        table.add_row(
+            escape(s.sub_run_id),
+            escape(s.workflow_id),
+            escape(s.step_path + (f" call {s.call_id}" if s.call_id else "")),
+            _status(s.status),
+            f"{s.steps_completed}/{s.steps}",
+            f"{s.usage.input_tokens:,}/{s.usage.output_tokens:,}",
+            cost_text(s.usage),
+        )
+    total = sum_usage([s.usage for s in summaries])
+    table.add_section()
+    done = sum(1 for s in summaries if s.status == "completed")
+    table.add_row(
+        f"[bold]{len(summaries)} sub-runs[/]",
+        "",
+        "",
+        f"{done} completed",
+        "",
+        f"{total.input_tokens:,}/{total.output_tokens:,}",
+        cost_text(total),
+        style="bold",
+    )
+    console.print(table)
+    return summaries
+
+
+def render_tree(world: World, run_id: str, console: Console) -> RunTree:
+    """Print ``run_id`` and its sub-runs as a tree, with each run's and the whole tree's totals.
+
+    Each node shows its status, its own tokens and cost and, when it has
+    sub-runs, its subtree's total. Returns the :class:`RunTree`.
+    """
+    from little_es.cli import cost_text  # here: the CLI imports this module
+
+    tree = run_tree(world, run_id)
+
+    def label(node: RunTree) -> str:
+        origin = f" [dim]({escape(node.step_path or '')}" if node.step_path else ""
+        if origin:
+            origin += f" call {escape(node.call_id)})[/]" if node.call_id else ")[/]"
+        text = (
+            f"[bold]{escape(node.run_id)}[/] · {escape(node.workflow_id or '?')} ·"
+            f" {_status(node.status)}{origin} · {_tokens(node.usage)} · {cost_text(node.usage)}"
+        )
+        if node.children:
+            text += (
+                f" · [bold]subtree {node.runs} runs: {_tokens(node.total)} ·"
+                f" {cost_text(node.total)}[/]"
+            )
+        return text
+
+    def add(parent: Tree, node: RunTree) -> None:
+        branch = parent.add(label(node))
+        for child in node.children:
+            add(branch, child)
+
+    root = Tree(label(tree))
+    for child in tree.children:
+        add(root, child)
+    console.print(root)
+    statuses: dict[str, int] = {}
+    for node in _walk(tree):
+        statuses[node.status] = statuses.get(node.status, 0) + 1
+    counts = ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
+    console.print(
+        f"[bold]total[/]: {tree.runs} runs ({counts}) · {_tokens(tree.total)}"
+        f" · {cost_text(tree.total)}"
+    )
+    return tree
