@@ -6,7 +6,7 @@ differs. Every check raises a :class:`~little_es.errors.RuntimeIntegrityError`
 subclass whose message names the run, the step and the difference.
 
 The harness manifest check (``assert_harness_manifest_consistent``) lives with
-the harness, in :mod:`little_es.harness.manifest`.
+the harness, in :mod:`little_es.harness.manifest`; the runtime runs all of them.
 """
 
 from __future__ import annotations
@@ -118,3 +118,27 @@ def assert_completed_parallel_replay_matches_input(
             f" run's data differs from the recorded one ({'; '.join(detail)}): the branches"
             " function or the data it reads changed; resume with the original code"
         )
+
+
+def run_restart_checks(world: World, run_id: str, fold: RunFold, workflow: Any, input: Any) -> None:
+    """Every restart check, in the order both engines run them before resuming ``run_id``.
+
+    ``workflow`` is the :class:`~little_es.workflow.authoring.Workflow` asked to
+    resume it and ``input`` the input given for the resume (None: the recorded one).
+    The harness manifest check goes first, so that a changed agent is named
+    precisely (the IR hash covers the same fields but can only say "changed").
+    Parallel groups are checked as the walk reaches them, where their branch
+    set can be recomputed from the run's data.
+    """
+    from little_es.harness.manifest import assert_harness_manifest_consistent
+
+    assert_harness_manifest_consistent(world, run_id, fold, workflow)
+    assert_workflow_unchanged(
+        run_id,
+        fold,
+        workflow_id=workflow.id,
+        workflow_version=workflow.version,
+        ir_hash=workflow.ir_hash,
+    )
+    assert_run_input_unchanged(run_id, fold, input)
+    assert_completed_step_artifacts_valid(world, run_id, fold)

@@ -52,9 +52,7 @@ from little_es.harness.messages import JSONValue
 from little_es.ids import run_stream_id, session_stream_id, validate_run_id
 from little_es.integrity import (
     assert_completed_parallel_replay_matches_input,
-    assert_completed_step_artifacts_valid,
-    assert_run_input_unchanged,
-    assert_workflow_unchanged,
+    run_restart_checks,
 )
 from little_es.logging import get_logger
 from little_es.materialize import RunFold, StepFold
@@ -825,15 +823,7 @@ class LittleActivities:
                 _log.info("run started", run_id=run_id, workflow_id=workflow.id, engine="temporal")
             if recorder is not None:
                 fold = recorder.fold
-                assert_workflow_unchanged(
-                    run_id,
-                    fold,
-                    workflow_id=workflow.id,
-                    workflow_version=workflow.version,
-                    ir_hash=workflow.ir_hash,
-                )
-                assert_run_input_unchanged(run_id, fold, given)
-                assert_completed_step_artifacts_valid(self.world, run_id, fold)
+                run_restart_checks(self.world, run_id, fold, workflow, given)
                 if fold.status == "completed":
                     return RunPlan(ir=workflow.ir, done=self._run_done(fold))
                 _log.info("run resumed", run_id=run_id, workflow_id=workflow.id, engine="temporal")

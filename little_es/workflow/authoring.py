@@ -639,6 +639,10 @@ class Workflow:
             )
         return found
 
+    def step_or_none(self, step_id: str) -> Step | None:
+        """The step ``step_id``, top-level or branch step, or None."""
+        return self._by_id.get(step_id)
+
     def index_of(self, step_id: str) -> int:
         """The position of top-level step ``step_id`` in the step list (0-based)."""
         position = self._index.get(step_id)

@@ -36,9 +36,7 @@ from little_es.events import ErrorInfo, Event
 from little_es.ids import new_run_id, session_stream_id, validate_run_id
 from little_es.integrity import (
     assert_completed_parallel_replay_matches_input,
-    assert_completed_step_artifacts_valid,
-    assert_run_input_unchanged,
-    assert_workflow_unchanged,
+    run_restart_checks,
 )
 from little_es.logging import get_logger
 from little_es.materialize import MaterializedRunState, RunFold, StepFold
@@ -454,15 +452,7 @@ async def run_workflow(
             )
         else:
             fold = recorder.fold
-            assert_workflow_unchanged(
-                run_id,
-                fold,
-                workflow_id=workflow.id,
-                workflow_version=workflow.version,
-                ir_hash=workflow.ir_hash,
-            )
-            assert_run_input_unchanged(run_id, fold, input)
-            assert_completed_step_artifacts_valid(world, run_id, fold)
+            run_restart_checks(world, run_id, fold, workflow, input)
             if fold.status == "completed":
                 return RunResult(
                     run_id=run_id,
