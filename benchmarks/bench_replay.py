@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import gc
-import heapq
 import pstats
 import sqlite3
 import sys
@@ -50,7 +49,7 @@ from little_es.events import (
 from little_es.harness.messages import Message, ModelResponse, ToolCall, Usage
 from little_es.materialize import materialize_run_state
 from little_es.replay import replay_run
-from little_es.world import RUN_SNAPSHOT_INTERVAL, World, local_world
+from little_es.world import RUN_SNAPSHOT_INTERVAL, World, _merge_by_timestamp, local_world
 
 RUN_ID = "run_bench_replay"
 _BATCH = 2000
@@ -193,19 +192,18 @@ def stages(world: World, streams: list[UUID], repeat: int) -> dict[str, float]:
     try:
         for _ in range(repeat):
             t = time.process_time()
-            stored = [world.app.recorder.select_events(s) for s in streams]
-            t = clock("select (eventsourcing recorder)", t)
-            decoded = [[mapper.decode(e) for e in rows] for rows in stored]
+            rows = [world._select(s, None) for s in streams]
+            t = clock("select (World._select)", t)
+            decoded = [
+                [mapper.decode_row(s, v, topic, state) for v, topic, state in stream_rows]
+                for s, stream_rows in zip(streams, rows, strict=True)
+            ]
             t = clock("decode + validate (codec)", t)
-            keyed = (
-                [((e.timestamp, rank, e.originator_version), e) for e in events]
-                for rank, events in enumerate(decoded)
-            )
-            log = [e for _, e in heapq.merge(*keyed, key=lambda pair: pair[0])]
+            log = _merge_by_timestamp(decoded)
             t = clock("merge streams (read_run_log)", t)
             materialize_run_state(log)
             clock("fold + freeze (reducer)", t)
-            del stored, decoded, log
+            del rows, decoded, log
     finally:
         gc.enable()
     return best

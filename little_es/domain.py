@@ -38,6 +38,7 @@ from little_es.events import (
     ToolCallSucceeded,
     utc_now,
 )
+from little_es.harness.messages import is_usage_cost_error, usage_cost_message
 from little_es.ids import outer_loop_stream_id, run_stream_id, session_stream_id
 from little_es.materialize import MaterializedRunState, RunFold, apply
 
@@ -73,7 +74,14 @@ class Aggregate:
             )
         except ValidationError as exc:
             problems = "; ".join(
-                ".".join(str(p) for p in err["loc"]) + f": {err['msg']}" for err in exc.errors()
+                ".".join(str(p) for p in err["loc"])
+                + ": "
+                + (
+                    usage_cost_message([str(err["loc"][-1])])
+                    if is_usage_cost_error(err)
+                    else err["msg"]
+                )
+                for err in exc.errors()
             )
             raise EventPayloadError(
                 f"cannot record {event_class.wire_name or event_class.__qualname__}: {problems}"

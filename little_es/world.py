@@ -17,8 +17,10 @@ import gc
 import heapq
 import os
 import re
-from collections.abc import Iterator, Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from operator import attrgetter
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, TypeVar
@@ -27,6 +29,7 @@ from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.persistence import IntegrityError, StoredEvent
+from eventsourcing.sqlite import SQLiteAggregateRecorder
 from eventsourcing.utils import get_topic
 
 from little_es import faults
@@ -108,6 +111,97 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+_Row = tuple[int, str, bytes]
+"""One stored event as the read path needs it: (version, topic, state)."""
+_Select = Callable[[UUID, int | None], Sequence[_Row]]
+_timestamp = attrgetter("timestamp")
+
+
+def _row_selector(recorder: Any) -> _Select:
+    """A SELECT of one stream's (version, topic, state) rows from the recorder's own table.
+
+    eventsourcing's ``select_events`` builds a ``StoredEvent`` and a UUID for
+    every row, although the stream id is the one asked for (measured: 8 us of a
+    row's 25 us replay cost). SQL backends are read directly instead; any other
+    recorder goes through ``select_events``.
+    """
+    if isinstance(recorder, SQLiteAggregateRecorder):
+        return _sqlite_selector(recorder)
+    # Looked up, not imported: importing psycopg would slow every SQLite-only
+    # start, and a PostgreSQL recorder has loaded this module already.
+    postgres = sys.modules.get("eventsourcing.postgres")
+    if postgres is not None and isinstance(recorder, postgres.PostgresAggregateRecorder):
+        return _postgres_selector(recorder)
+
+    def select(stream_id: UUID, after: int | None) -> Sequence[_Row]:
+        rows = recorder.select_events(stream_id, gt=after)
+        return [(r.originator_version, r.topic, r.state) for r in rows]
+
+    return select
+
+
+def _sqlite_selector(recorder: SQLiteAggregateRecorder) -> _Select:
+    base = (
+        f"SELECT originator_version, topic, state FROM {recorder.events_table_name}"
+        " WHERE originator_id=? "
+    )
+    every = base + "ORDER BY originator_version"
+    later = base + "AND originator_version>? ORDER BY originator_version"
+    datastore = recorder.datastore
+
+    def select(stream_id: UUID, after: int | None) -> Sequence[_Row]:
+        # The recorder's transaction: its pool, locking and error translation.
+        with datastore.transaction(commit=False) as cursor:
+            raw = cursor.sqlite_cursor
+            raw.row_factory = None  # plain tuples, not sqlite3.Row
+            if after is None:
+                raw.execute(every, (stream_id.hex,))
+            else:
+                raw.execute(later, (stream_id.hex, after))
+            rows: list[_Row] = raw.fetchall()
+            return rows
+
+    return select
+
+
+def _postgres_selector(recorder: Any) -> _Select:
+    from psycopg.rows import tuple_row
+    from psycopg.sql import SQL, Identifier
+
+    base = SQL(
+        "SELECT originator_version, topic, state FROM {schema}.{table} WHERE originator_id = %s"
+    ).format(
+        schema=Identifier(recorder.datastore.schema),
+        table=Identifier(recorder.events_table_name),
+    )
+    every = base + SQL(" ORDER BY originator_version")
+    later = base + SQL(" AND originator_version > %s ORDER BY originator_version")
+    datastore = recorder.datastore
+
+    def select(stream_id: UUID, after: int | None) -> Sequence[_Row]:
+        with datastore.get_connection() as conn, conn.cursor(row_factory=tuple_row) as cursor:
+            if after is None:
+                cursor.execute(every, (stream_id,), prepare=True)
+            else:
+                cursor.execute(later, (stream_id, after), prepare=True)
+            rows: list[_Row] = cursor.fetchall()
+            return rows
+
+    return select
+
+
+def _merge_by_timestamp(streams: list[list[Event]]) -> list[Event]:
+    """Streams (each in version order) merged by timestamp; ties: earlier stream, then version.
+
+    ``heapq.merge`` breaks ties by input order and keeps each input's own order,
+    so a bare timestamp key gives exactly that order without building a key
+    tuple per event (measured: half the time of ``(timestamp, rank, version)``).
+    """
+    if len(streams) == 1:
+        return streams[0]
+    return list(heapq.merge(*streams, key=_timestamp))
+
+
 class World:
     """Runs' event logs and artifacts in one place. Use as a context manager to close it."""
 
@@ -121,6 +215,7 @@ class World:
         mapper = app.mapper
         assert isinstance(mapper, PydanticMapper)
         self._mapper = mapper
+        self._select = _row_selector(app.recorder)
 
     def __repr__(self) -> str:
         return f"World({self.name})"
@@ -172,10 +267,14 @@ class World:
 
     def read_stream(self, stream_id: UUID, *, after: int | None = None) -> list[Event]:
         """Every event of one stream (after version ``after``), in order, validated."""
-        stored = self.app.recorder.select_events(stream_id, gt=after)
-        decode = self._mapper.decode
         with _gc_paused():
-            return [decode(s) for s in stored]
+            return self._read_stream(stream_id, after)
+
+    def _read_stream(self, stream_id: UUID, after: int | None) -> list[Event]:
+        decode = self._mapper.decode_row
+        return [
+            decode(stream_id, v, topic, state) for v, topic, state in self._select(stream_id, after)
+        ]
 
     def select_stored(self, stream_id: UUID) -> Sequence[StoredEvent]:
         """The raw stored rows of one stream (for exports and benchmarks)."""
@@ -192,27 +291,23 @@ class World:
         Sub-runs are other runs and are never read here.
         """
         validate_run_id(run_id)
-        try:
-            run_events = self.read_stream(run_stream_id(run_id))
-            if not run_events:
-                raise RunNotFoundError(run_id, self.name)
-            session_ids = list(
-                dict.fromkeys(
-                    e.session_id
-                    for e in run_events
-                    if isinstance(e, StepStarted) and e.session_id is not None
+        # Paused for the merge too: it keeps every decoded event alive.
+        with _gc_paused():
+            try:
+                run_events = self._read_stream(run_stream_id(run_id), None)
+                if not run_events:
+                    raise RunNotFoundError(run_id, self.name)
+                session_ids = list(
+                    dict.fromkeys(
+                        e.session_id
+                        for e in run_events
+                        if isinstance(e, StepStarted) and e.session_id is not None
+                    )
                 )
-            )
-            streams = [run_events] + [self.read_stream(s) for s in session_ids]
-        except EventLogError as exc:
-            raise type(exc)(f"run {run_id!r} in world {self.name}: {exc}") from exc
-        if len(streams) == 1:
-            return run_events
-        keyed = (
-            [((e.timestamp, rank, e.originator_version), e) for e in stream]
-            for rank, stream in enumerate(streams)
-        )
-        return [e for _, e in heapq.merge(*keyed, key=lambda pair: pair[0])]
+                streams = [run_events] + [self._read_stream(s, None) for s in session_ids]
+            except EventLogError as exc:
+                raise type(exc)(f"run {run_id!r} in world {self.name}: {exc}") from exc
+            return _merge_by_timestamp(streams)
 
     def load_run(self, run_id: str) -> Run:
         """The ``Run`` aggregate (from its latest snapshot and later events)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import ErrorDetails
 
 JSONValue = Any
 """Any value that survives a JSON round trip (dict, list, str, int, float, bool, None)."""
@@ -67,19 +68,6 @@ class Usage(_Frozen):
     cached_input_tokens: int = Field(default=0, ge=0)
     reasoning_tokens: int = Field(default=0, ge=0)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _refuse_cost(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            costly = sorted(k for k in data if "cost" in str(k).lower())
-            if costly:
-                raise ValueError(
-                    f"usage must not carry a cost ({', '.join(costly)}): record token counts only;"
-                    " little_es prices calls itself from provider and model"
-                    " (see little_es.pricing.register_model_price)"
-                )
-        return data
-
     @model_validator(mode="after")
     def _parts_within_totals(self) -> Usage:
         if self.cached_input_tokens > self.input_tokens:
@@ -93,6 +81,30 @@ class Usage(_Frozen):
                 f" ({self.output_tokens}): output_tokens must include the reasoning ones"
             )
         return self
+
+
+def usage_cost_message(keys: list[str]) -> str:
+    """Why a usage carrying ``keys`` (cost fields) is refused, and what to record instead."""
+    return (
+        f"usage must not carry a cost ({', '.join(sorted(keys))}): record token counts only;"
+        " little_es prices calls itself from provider and model"
+        " (see little_es.pricing.register_model_price)"
+    )
+
+
+def is_usage_cost_error(error: ErrorDetails) -> bool:
+    """Whether a validation error is a cost key given to a ``usage`` (a :class:`Usage`).
+
+    ``extra="forbid"`` refuses such a key inside pydantic-core at no cost on the
+    hot read path (a Python before-validator doubled a Usage's validation
+    time); this tells the refusal apart so callers can explain it.
+    """
+    loc = error["loc"]
+    return len(loc) >= 2 and loc[-2] == "usage" and _is_cost_key(error)
+
+
+def _is_cost_key(error: ErrorDetails) -> bool:
+    return error["type"] == "extra_forbidden" and "cost" in str(error["loc"][-1]).lower()
 
 
 class ModelRequest(_Frozen):
@@ -115,6 +127,8 @@ class ModelResponse(_Frozen):
     @field_validator("tool_calls")
     @classmethod
     def _unique_call_ids(cls, calls: tuple[ToolCall, ...]) -> tuple[ToolCall, ...]:
+        if len(calls) < 2:
+            return calls
         ids = [c.id for c in calls]
         if len(ids) != len(set(ids)):
             raise ValueError(f"tool call ids must be unique within a response, got {ids}")
