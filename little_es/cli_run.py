@@ -45,8 +45,7 @@ def load_workflow(ref: str) -> Workflow:
     found = getattr(module, attribute, None)
     if not isinstance(found, Workflow):
         raise WorkflowRefError(
-            f"{ref!r} is {type(found).__name__ if found is not None else 'missing'}, not a"
-            " Workflow"
+            f"{ref!r} is {type(found).__name__ if found is not None else 'missing'}, not a Workflow"
         )
     return found
 

@@ -60,6 +60,7 @@ from little_es.workflow.paths import InvalidStepPathError, visit_key
 StepStatus = Literal["pending", "running", "completed", "failed"]
 RunStatus = Literal["pending", "running", "completed", "failed"]
 
+
 def visit_counter(step_path: str) -> str:
     """The key of :attr:`MaterializedRunState.visits` a committed visit counts against.
 
@@ -421,4 +422,3 @@ def materialize_run_state(events: Iterable[Event]) -> MaterializedRunState:
     for event in events:
         apply(state, event)
     return state.freeze()
-
