@@ -28,6 +28,7 @@ from little_es.errors import (
     WorkflowDefinitionError,
     WorldConfigError,
 )
+from little_es.durability import OutputNotSerializableError
 from little_es.events import (
     ErrorInfo,
     Event,
@@ -131,6 +132,7 @@ __all__ = [
     "ModelResponded",
     "ModelResponse",
     "OuterLoop",
+    "OutputNotSerializableError",
     "OuterLoopEvent",
     "ParallelBranchScheduled",
     "ParallelReplayMismatchError",
