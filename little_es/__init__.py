@@ -5,6 +5,7 @@ The public API is re-exported here; everything else is internal. See the README.
 
 from little_es.artifacts import ArtifactRef, HydratedArtifact
 from little_es.domain import HarnessSession, OuterLoop, Run
+from little_es.durability import OutputNotSerializableError
 from little_es.errors import (
     ArtifactError,
     ArtifactIntegrityError,
@@ -28,7 +29,6 @@ from little_es.errors import (
     WorkflowDefinitionError,
     WorldConfigError,
 )
-from little_es.durability import OutputNotSerializableError
 from little_es.events import (
     ErrorInfo,
     Event,
@@ -132,8 +132,8 @@ __all__ = [
     "ModelResponded",
     "ModelResponse",
     "OuterLoop",
-    "OutputNotSerializableError",
     "OuterLoopEvent",
+    "OutputNotSerializableError",
     "ParallelBranchScheduled",
     "ParallelReplayMismatchError",
     "PricingError",
