@@ -49,6 +49,7 @@ from little_es.harness.session import run_agent_session
 from little_es.harness.tools import Tool, ToolContext, tool
 from little_es.ids import session_stream_id
 from little_es.logging import configure_logging
+from little_es.sqlite import Synchronous
 from little_es.world import World, local_world, memory_world, postgres_world
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
@@ -202,34 +203,13 @@ async def bytes_per_turn(world: World, turns: int) -> dict[int, tuple[int, int]]
 
 
 @contextmanager
-def _sqlite_world() -> Iterator[World]:
+def _sqlite_world(synchronous: Synchronous = "full") -> Iterator[World]:
     root = Path(tempfile.mkdtemp(prefix="bench_harness_"))
     try:
-        with local_world(root) as world:
+        with local_world(root, synchronous=synchronous) as world:
             yield world
     finally:
         shutil.rmtree(root, ignore_errors=True)
-
-
-def _sqlite_synchronous_normal(world: World) -> None:
-    """What-if only: ``PRAGMA synchronous=NORMAL`` on the world's SQLite connections.
-
-    The world's default is SQLite's FULL: an fsync per commit. In WAL mode
-    NORMAL still survives a killed process (the commit is in the WAL file),
-    not a power cut. This reaches into eventsourcing's pool, which the
-    library itself does not do; it is here to show what the choice costs.
-    """
-    pool: Any = world.app.recorder.datastore.pool  # type: ignore[attr-defined]
-    create = pool._create_connection
-
-    def create_relaxed() -> Any:
-        conn = create()
-        conn._sqlite_conn.execute("PRAGMA synchronous=NORMAL")
-        return conn
-
-    pool._create_connection = create_relaxed
-    for conn in list(pool._pool):
-        conn._sqlite_conn.execute("PRAGMA synchronous=NORMAL")
 
 
 @contextmanager
@@ -272,9 +252,8 @@ async def _main(args: argparse.Namespace) -> None:
     with _sqlite_world() as world:
         await _backend("sqlite (local_world, fsync per commit)", world, args.turns, args.repeats)
         sizes = await bytes_per_turn(world, 200)
-    with _sqlite_world() as world:
-        _sqlite_synchronous_normal(world)
-        await _backend("sqlite, what-if PRAGMA synchronous=NORMAL", world, args.turns, args.repeats)
+    with _sqlite_world("normal") as world:
+        await _backend('sqlite, local_world(synchronous="normal")', world, args.turns, args.repeats)
     if args.postgres:
         with _postgres_world(args.postgres) as world:
             await _backend("postgres (fresh schema)", world, args.turns, args.repeats)

@@ -14,15 +14,15 @@ Two measurements on a SQLite world (best of ``--repeat``):
 
 Targets: overhead < 1 ms/step; resume of 10,000 steps < 1 s.
 
-``--synchronous normal`` (or ``off``) sets SQLite's ``PRAGMA synchronous`` on
-every connection of the measured worlds, to show what the per-commit fsync
-costs; the default leaves the world as ``local_world`` opens it. The
-10,000-step run is always built with ``synchronous=OFF`` (only to build it
-faster; it is measured on a copy opened normally). ``--profile`` prints the top
+``--synchronous normal`` measures worlds opened with
+``local_world(..., synchronous="normal")``, to show what the per-commit fsync
+costs; the default is ``full``, as ``local_world`` opens a world. The
+10,000-step run is always built with ``synchronous="normal"`` (only to build it
+faster; it is measured on a copy opened with the chosen mode). ``--profile`` prints the top
 cProfile entries of one 1,000-step run and one resume.
 
     .venv/bin/python benchmarks/bench_runtime.py [--steps 1000] [--repeat 3] \
-        [--synchronous default|normal|off] [--profile]
+        [--synchronous full|normal] [--profile]
 """
 
 from __future__ import annotations
@@ -38,14 +38,12 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from eventsourcing.sqlite import SQLiteConnectionPool
 
 from little_es.events import Event, StepCompleted
 from little_es.workflow.authoring import Workflow, decision, task
@@ -87,28 +85,8 @@ RESUME_WORKFLOW: Workflow = Workflow(
 """A task and a decision that loops back to it RESUME_VISITS times."""
 
 
-@contextmanager
-def sqlite_synchronous(mode: str) -> Iterator[None]:
-    """Set ``PRAGMA synchronous`` on each SQLite connection opened meanwhile ("default": don't)."""
-    if mode == "default":
-        yield
-        return
-    original = SQLiteConnectionPool._create_connection
-
-    def create(pool: SQLiteConnectionPool) -> Any:
-        connection = original(pool)
-        connection._sqlite_conn.execute(f"PRAGMA synchronous={mode.upper()}")
-        return connection
-
-    setattr(SQLiteConnectionPool, "_create_connection", create)  # noqa: B010
-    try:
-        yield
-    finally:
-        setattr(SQLiteConnectionPool, "_create_connection", original)  # noqa: B010
-
-
 def _pragma_synchronous(data_dir: Path, mode: str) -> str:
-    with sqlite_synchronous(mode), local_world(data_dir) as world:
+    with local_world(data_dir, synchronous=mode) as world:  # type: ignore[arg-type]
         datastore: Any = world.app.recorder.datastore  # type: ignore[attr-defined]
         with datastore.transaction(commit=False) as cursor:
             cursor.execute("PRAGMA synchronous")
@@ -140,7 +118,10 @@ def runtime_run(
     wf: Workflow, steps: int, mode: str, profiler: cProfile.Profile | None = None
 ) -> float:
     """Seconds for ``run_workflow`` to run ``wf`` on a fresh SQLite world."""
-    with tempfile.TemporaryDirectory() as tmp, sqlite_synchronous(mode), local_world(tmp) as world:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        local_world(tmp, synchronous=mode) as world,  # type: ignore[arg-type]
+    ):
         t0 = time.perf_counter()
         if profiler is not None:
             profiler.enable()
@@ -167,7 +148,7 @@ def build_resume_run(data_dir: Path) -> int:
         if isinstance(event, StepCompleted) and event.step_path == last:
             raise _Stop
 
-    with sqlite_synchronous("off"), local_world(data_dir) as world:
+    with local_world(data_dir, synchronous="normal") as world:
         try:
             asyncio.run(
                 run_workflow(
@@ -187,22 +168,19 @@ def resume_once(
     """(seconds to open the world, seconds for run_workflow to resume) on a fresh copy."""
     shutil.rmtree(scratch, ignore_errors=True)
     shutil.copytree(built, scratch)
-    with sqlite_synchronous(mode):
+    t0 = time.perf_counter()
+    world = local_world(scratch, synchronous=mode)  # type: ignore[arg-type]
+    opened = time.perf_counter() - t0
+    try:
         t0 = time.perf_counter()
-        world = local_world(scratch)
-        opened = time.perf_counter() - t0
-        try:
-            t0 = time.perf_counter()
-            if profiler is not None:
-                profiler.enable()
-            result: RunResult = asyncio.run(
-                run_workflow(world, RESUME_WORKFLOW, run_id=RESUME_RUN_ID)
-            )
-            if profiler is not None:
-                profiler.disable()
-            resumed = time.perf_counter() - t0
-        finally:
-            world.close()
+        if profiler is not None:
+            profiler.enable()
+        result: RunResult = asyncio.run(run_workflow(world, RESUME_WORKFLOW, run_id=RESUME_RUN_ID))
+        if profiler is not None:
+            profiler.disable()
+        resumed = time.perf_counter() - t0
+    finally:
+        world.close()
     assert result.resumed and result.steps_executed == 0, result.steps_executed
     assert result.output == RESUME_VISITS
     assert len(result.state.steps) == 2 * RESUME_VISITS
@@ -224,7 +202,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--synchronous", choices=["default", "normal", "off"], default="default")
+    parser.add_argument("--synchronous", choices=["full", "normal"], default="full")
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     mode: str = args.synchronous
