@@ -14,6 +14,7 @@ The world only ever inserts events. No code path updates or deletes one.
 from __future__ import annotations
 
 import gc
+import hashlib
 import heapq
 import os
 import re
@@ -388,6 +389,23 @@ def local_world(
     )
 
 
+@contextmanager
+def _postgres_setup_lock(conninfo: str, scope: str) -> Iterator[None]:
+    # Processes opening a fresh world at once would race on CREATE TABLE IF NOT
+    # EXISTS, which PostgreSQL can fail on its catalog's unique index: create
+    # the tables one process at a time.
+    import psycopg
+
+    digest = hashlib.sha256(b"little_es tables:" + scope.encode()).digest()
+    key = int.from_bytes(digest[:8], "big", signed=True)
+    with psycopg.connect(conninfo, autocommit=True, connect_timeout=5) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (key,))
+        try:
+            yield
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+
+
 def postgres_world(dsn: str, *, schema: str = "") -> World:
     """A world in a PostgreSQL database (``postgresql://user:pw@host:port/dbname``)."""
     parts = urlsplit(dsn)
@@ -400,31 +418,32 @@ def postgres_world(dsn: str, *, schema: str = "") -> World:
     schema = schema or query.get("schema", [""])[0]
     if schema and re.fullmatch(r"[a-z_][a-z0-9_]*", schema) is None:
         raise WorldConfigError(f"invalid schema name {schema!r}")
-    try:
-        app = LittleApplication(
-            env={
-                "PERSISTENCE_MODULE": "eventsourcing.postgres",
-                "POSTGRES_DBNAME": dbname,
-                "POSTGRES_HOST": parts.hostname or "127.0.0.1",
-                "POSTGRES_PORT": str(parts.port or 5432),
-                "POSTGRES_USER": unquote(parts.username or "postgres"),
-                "POSTGRES_PASSWORD": unquote(parts.password or ""),
-                "POSTGRES_SCHEMA": schema,
-                "POSTGRES_POOL_SIZE": "5",
-                "POSTGRES_MAX_OVERFLOW": "10",
-                "POSTGRES_CONNECT_TIMEOUT": "5",
-            }
-        )
-    except Exception as exc:
-        raise WorldConfigError(f"cannot open PostgreSQL world {_redact(dsn)}: {exc}") from exc
-    datastore = app.factory.datastore  # type: ignore[attr-defined]
-    table = f"{schema}.little_es_artifacts" if schema else "little_es_artifacts"
-    artifacts = PostgresArtifactStore(datastore.pool, table=table, owns_pool=False)
     conninfo = (
         f"dbname={dbname} host={parts.hostname or '127.0.0.1'} port={parts.port or 5432}"
         f" user={unquote(parts.username or 'postgres')}"
         + (f" password={unquote(parts.password)}" if parts.password else "")
     )
+    try:
+        with _postgres_setup_lock(conninfo, schema or "public"):
+            app = LittleApplication(
+                env={
+                    "PERSISTENCE_MODULE": "eventsourcing.postgres",
+                    "POSTGRES_DBNAME": dbname,
+                    "POSTGRES_HOST": parts.hostname or "127.0.0.1",
+                    "POSTGRES_PORT": str(parts.port or 5432),
+                    "POSTGRES_USER": unquote(parts.username or "postgres"),
+                    "POSTGRES_PASSWORD": unquote(parts.password or ""),
+                    "POSTGRES_SCHEMA": schema,
+                    "POSTGRES_POOL_SIZE": "5",
+                    "POSTGRES_MAX_OVERFLOW": "10",
+                    "POSTGRES_CONNECT_TIMEOUT": "5",
+                }
+            )
+            datastore = app.factory.datastore  # type: ignore[attr-defined]
+            table = f"{schema}.little_es_artifacts" if schema else "little_es_artifacts"
+            artifacts = PostgresArtifactStore(datastore.pool, table=table, owns_pool=False)
+    except Exception as exc:
+        raise WorldConfigError(f"cannot open PostgreSQL world {_redact(dsn)}: {exc}") from exc
     leases = PostgresRunLeases(conninfo, scope=schema or "public")
     return World(app, artifacts, leases, _redact(dsn))
 
