@@ -13,7 +13,7 @@
    the conversation lives in the little_es log, not in Temporal's history.
 
     .venv/bin/python benchmarks/bench_temporal.py [--steps 40] [--work-ms 20] [--repeat 6] \
-        [--world-dir DIR]
+        [--world-dir DIR] [--synchronous full|normal]
 """
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ async def _main(args: argparse.Namespace) -> None:
     configure_logging(level="WARNING")
     with DevServer() as server, tempfile.TemporaryDirectory(dir=args.world_dir) as data_dir:
         client = await connect(server.address)
-        with local_world(Path(data_dir) / "world") as world:
+        with local_world(Path(data_dir) / "world", synchronous=args.synchronous) as world:
             commit_before = _commit_ms(world)
             adapter, plain, ratio = await _per_step(client, world, args.steps, args.repeat)
             commit_after = _commit_ms(world)
@@ -204,6 +204,7 @@ async def _main(args: argparse.Namespace) -> None:
     verdict = "ok" if ratio <= 1.2 else "MISSED"
     print(
         f"dev server: {server.binary}, world: SQLite in {args.world_dir or tempfile.gettempdir()}"
+        f" (synchronous={args.synchronous})"
     )
     print(f"per step: {args.steps} steps of {args.work_ms:g} ms of work, {args.repeat} pairs")
     print(f"  plain Temporal activity (best) : {plain * 1000:8.2f} ms")
@@ -230,6 +231,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=6)
     parser.add_argument(
         "--world-dir", default=None, help="where the SQLite world lives (default: the temp dir)"
+    )
+    parser.add_argument(
+        "--synchronous", choices=["full", "normal"], default="full", help="the world's fsync policy"
     )
     asyncio.run(_main(parser.parse_args()))
 
