@@ -151,6 +151,16 @@ class RunRecorder:
         )
         return recorder
 
+    def _store_output(self, step_path: str, output: Any) -> tuple[Any, ArtifactRef | None]:
+        """The output as read back from JSON, and its artifact when too large to inline."""
+        data = encode_output(step_path, output)
+        output_ref = None
+        if len(data) > OUTPUT_INLINE_LIMIT:
+            output_ref = self.world.artifacts.put(
+                data, run_id=self.run_id, step_path=step_path, media_type=OUTPUT_MEDIA_TYPE
+            )
+        return orjson.loads(data), output_ref
+
     def _commit(self, event_class: type[Event], **fields: Any) -> None:
         event = self.run.trigger(event_class, **fields)
         self.world.save(self.run)
@@ -194,13 +204,7 @@ class RunRecorder:
         An output whose JSON exceeds :data:`OUTPUT_INLINE_LIMIT` is stored as an
         artifact first and the event holds its reference.
         """
-        data = encode_output(step_path, output)
-        inline: Any = orjson.loads(data)
-        output_ref = None
-        if len(data) > OUTPUT_INLINE_LIMIT:
-            output_ref = self.world.artifacts.put(
-                data, run_id=self.run_id, step_path=step_path, media_type=OUTPUT_MEDIA_TYPE
-            )
+        inline, output_ref = self._store_output(step_path, output)
         self._commit(
             StepCompleted,
             step_path=step_path,
@@ -260,16 +264,9 @@ class RunRecorder:
 
     def run_completed(self, output: Any) -> None:
         """Commit ``RunCompleted`` (large outputs by reference, like step outputs)."""
-        data = encode_output("<run>", output)
-        output_ref = None
-        if len(data) > OUTPUT_INLINE_LIMIT:
-            output_ref = self.world.artifacts.put(
-                data, run_id=self.run_id, step_path="<run>", media_type=OUTPUT_MEDIA_TYPE
-            )
+        inline, output_ref = self._store_output("<run>", output)
         self._commit(
-            RunCompleted,
-            output=None if output_ref is not None else orjson.loads(data),
-            output_ref=output_ref,
+            RunCompleted, output=None if output_ref is not None else inline, output_ref=output_ref
         )
 
     def run_failed(self, error: ErrorInfo, *, step_path: str | None) -> None:
