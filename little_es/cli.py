@@ -40,10 +40,9 @@ from typer.core import TyperGroup
 
 from little_es.errors import LittleEsError, WorldConfigError
 from little_es.events import Event
-from little_es.ids import validate_run_id
-from little_es.materialize import MaterializedRunState, UsageTotals, materialize_run_state
+from little_es.materialize import MaterializedRunState, UsageTotals
 from little_es.projections import RunSummary, list_runs
-from little_es.replay import ReplayResult, replay_run
+from little_es.replay import ReplayResult, read_run_state, replay_run
 from little_es.world import DEFAULT_DATA_DIR, WORLD_ENV_VAR, World, open_world
 
 __all__ = [
@@ -177,8 +176,7 @@ def render_report(world: World, run_id: str, console: Console) -> MaterializedRu
     tokens, cost or ``-`` when unpriced) and a totals row that names the
     unpriced calls, if any. Folds the log with the one reducer, like replay.
     """
-    validate_run_id(run_id)
-    state = materialize_run_state(world.read_run_log(run_id))
+    state = read_run_state(world, run_id)
     table = Table(
         title=(
             f"run [bold]{escape(run_id)}[/] · {escape(state.workflow_id or '?')}"

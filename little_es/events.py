@@ -47,6 +47,10 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
+NOT_IN_A_STREAM = UUID(int=0)
+"""The ``originator_id`` of an event no stream has placed (see :class:`Event`)."""
+
+
 class Event(BaseModel):
     """Base class of every stored event.
 
@@ -54,15 +58,29 @@ class Event(BaseModel):
     event's position in it (1-based, gapless), ``timestamp`` when it was
     recorded. Subclasses that set ``wire_name`` are registered so the codec can
     read them back; a wire name may be registered only once.
+
+    The position is not part of an event's stored payload (the recorder keeps
+    it in its own columns): :meth:`little_es.domain.Aggregate.trigger` places a
+    new event and the codec places a stored one. Their defaults
+    (:data:`NOT_IN_A_STREAM`, version 0) let the codec validate a payload as it
+    is stored, straight from its JSON bytes; a placed event never has them.
+
+    ``write_ahead`` marks a record committed before a call is made, which only
+    says the call is in flight (``StepStarted``, ``harness.model.called``, ...).
+    Losing one to a power cut costs nothing a crash does not: the call runs
+    again, as it would anyway without a result. So a commit of nothing but
+    write-ahead records is not fsynced; the next commit that holds a result is,
+    and makes them durable with it (:mod:`little_es.durability`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     wire_name: ClassVar[str] = ""
     class_version: ClassVar[int] = 1
+    write_ahead: ClassVar[bool] = False
 
-    originator_id: UUID
-    originator_version: int = Field(ge=1)
+    originator_id: UUID = NOT_IN_A_STREAM
+    originator_version: int = Field(default=0, ge=0)
     timestamp: datetime
 
     @classmethod
@@ -134,6 +152,7 @@ class StepStarted(RunEvent):
     """A step attempt is about to run (committed before the step's code runs)."""
 
     wire_name: ClassVar[str] = "StepStarted"
+    write_ahead: ClassVar[bool] = True
 
     step_path: str
     step_id: str
@@ -178,6 +197,7 @@ class ParallelBranchScheduled(RunEvent):
     """A parallel group's branch set, resolved from the run's data, before any branch runs."""
 
     wire_name: ClassVar[str] = "ParallelBranchScheduled"
+    write_ahead: ClassVar[bool] = True
 
     step_path: str
     step_id: str
@@ -188,6 +208,7 @@ class SubRunReserved(RunEvent):
     """A sub-run id reserved (and committed) before the sub-run is started."""
 
     wire_name: ClassVar[str] = "SubRunReserved"
+    write_ahead: ClassVar[bool] = True
 
     step_path: str
     sub_run_id: str
@@ -224,6 +245,7 @@ class SessionStarted(HarnessEvent):
     """An agent step attempt opened a session; the manifest pins what it may use."""
 
     wire_name: ClassVar[str] = "harness.session.started"
+    write_ahead: ClassVar[bool] = True
 
     run_id: str
     step_path: str
@@ -240,6 +262,7 @@ class ModelCalled(HarnessEvent):
     """
 
     wire_name: ClassVar[str] = "harness.model.called"
+    write_ahead: ClassVar[bool] = True
 
     turn: int = Field(ge=1)
     messages: tuple[Message, ...]
@@ -260,6 +283,7 @@ class ToolCallStarted(HarnessEvent):
     """Committed before a tool is invoked, with the exact arguments."""
 
     wire_name: ClassVar[str] = "harness.tool_call.started"
+    write_ahead: ClassVar[bool] = True
 
     turn: int = Field(ge=1)
     call_id: str

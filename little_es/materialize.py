@@ -331,6 +331,15 @@ class RunFold:
         )
 
 
+COUNTED_ONLY: frozenset[type[Event]] = frozenset(
+    {ModelCalled, ToolCallStarted, ToolCallSucceeded, ToolCallFailed, SessionCompleted}
+)
+"""The harness events :func:`apply` only counts: the bulk of a long log, which a replay
+need not decode (see ``skipped`` in :func:`materialize_run_state`).
+``harness.session.completed`` is one: its usage is a rollup of the same
+``harness.model.responded`` events and is never folded."""
+
+
 def apply(state: RunFold, event: Event) -> RunFold:
     """Fold one event into ``state`` (in place) and return it.
 
@@ -339,6 +348,8 @@ def apply(state: RunFold, event: Event) -> RunFold:
     """
     state.event_count += 1
     state.updated_at = event.timestamp
+    if type(event) in COUNTED_ONLY:
+        return state
     match event:
         case ModelResponded():
             # Priced once, here: the one place a dollar figure is produced.
@@ -348,12 +359,6 @@ def apply(state: RunFold, event: Event) -> RunFold:
             path = event.step_path or state.session_steps.get(event.originator_id)
             if path is not None and path in state.steps:
                 state.steps[path].usage.add(r.usage, cost)
-        case ModelCalled() | ToolCallStarted() | ToolCallSucceeded() | ToolCallFailed():
-            # The bulk of a long log; matched early because they change nothing here.
-            pass
-        case SessionCompleted():
-            # Its usage is a rollup of the same model.responded events: never folded.
-            pass
         case StepStarted():
             step = state.step(event.step_path, event.step_id)
             step.kind = event.kind
@@ -416,9 +421,16 @@ def apply(state: RunFold, event: Event) -> RunFold:
     return state
 
 
-def materialize_run_state(events: Iterable[Event]) -> MaterializedRunState:
-    """Fold a run's log (its ``Run`` stream and its harness sessions) into its state."""
+def materialize_run_state(events: Iterable[Event], *, skipped: int = 0) -> MaterializedRunState:
+    """Fold a run's log (its ``Run`` stream and its harness sessions) into its state.
+
+    ``skipped`` counts events of the log the caller left out because this
+    reducer only counts them (of a class in :data:`COUNTED_ONLY`, and never the
+    last event of its stream, whose timestamp may be the run's ``updated_at``):
+    the state is the same as if they had been folded.
+    """
     state = RunFold()
     for event in events:
         apply(state, event)
+    state.event_count += skipped
     return state.freeze()

@@ -7,6 +7,14 @@ same reducer the runtime uses: there is no second implementation), and hydrates
 the artifacts the run's steps reference, verifying each one's sha256. It never
 appends an event, calls a model or a tool, or touches the network.
 
+Every event the result is folded from is decoded and validated. The bulk of a
+long log is what each model call was sent and each tool call's arguments and
+result (``harness.model.called``, ``harness.tool_call.*``), which the reducer
+only counts (:data:`~little_es.materialize.COUNTED_ONLY`): replay counts those
+rows without decoding them (their topics are still checked). A resumed session
+decodes and validates them, and checks the conversation's hash chain;
+``little events`` shows them.
+
 Two calls on an unchanged log return deeply equal results, and every part of a
 result is immutable: frozen models, tuples and read-only mappings, so mutating
 any of it raises.
@@ -14,9 +22,6 @@ any of it raises.
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -24,10 +29,10 @@ from pydantic import BaseModel, ConfigDict
 from little_es.artifacts import ArtifactRef, HydratedArtifact
 from little_es.harness.messages import JSONValue
 from little_es.ids import validate_run_id
-from little_es.materialize import MaterializedRunState, materialize_run_state
-from little_es.world import World
+from little_es.materialize import COUNTED_ONLY, MaterializedRunState, materialize_run_state
+from little_es.world import World, gc_paused
 
-__all__ = ["ReplayPlanStep", "ReplayResult", "replay_run"]
+__all__ = ["ReplayPlanStep", "ReplayResult", "read_run_state", "replay_run"]
 
 PlanStatus = Literal["completed", "pending", "running", "failed"]
 
@@ -81,9 +86,7 @@ def replay_run(world: World, run_id: str) -> ReplayResult:
     """
     if not isinstance(world, World):
         raise TypeError(f"replay_run needs a World (from open_world()), got {type(world).__name__}")
-    validate_run_id(run_id)
-    with _gc_paused():
-        state = materialize_run_state(world.read_run_log(run_id))
+    state = read_run_state(world, run_id)
     steps = tuple(
         ReplayPlanStep(
             step_path=path,
@@ -105,18 +108,19 @@ def replay_run(world: World, run_id: str) -> ReplayResult:
     )
 
 
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    # A long log is decoded into many small objects that all stay alive until
-    # the fold ends and form no cycles; with the cyclic collector running, each
-    # of its passes rescans all of them (measured: it doubled replay's time).
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
+def read_run_state(world: World, run_id: str) -> MaterializedRunState:
+    """The state :func:`replay_run` folds from the run's log, without the plan and artifacts.
+
+    Raises what :func:`replay_run` raises for the id and the log.
+    """
+    validate_run_id(run_id)
+    with gc_paused():
+        log = world.read_run_log_skipping(run_id, COUNTED_ONLY)
+        state = materialize_run_state(log.events, skipped=log.skipped)
+        # Freed while the collector is paused: alive when it resumes, the decoded
+        # events would all be scanned by its next pass.
+        del log
+    return state
 
 
 def _hydrate(world: World, state: MaterializedRunState) -> tuple[HydratedArtifact, ...]:

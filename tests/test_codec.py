@@ -15,8 +15,10 @@ from pydantic import ValidationError
 from little_es.domain import HarnessSession, Run
 from little_es.errors import EventPayloadError, UnknownEventTypeError
 from little_es.events import (
+    NOT_IN_A_STREAM,
     ModelCalled,
     ModelResponded,
+    RunCompleted,
     RunEvent,
     RunStarted,
     SessionCompleted,
@@ -155,6 +157,30 @@ def test_stored_topic_is_the_wire_name_and_state_omits_the_stream_columns(world:
         assert "class_version" not in state  # written only for class_version > 1
         assert state["timestamp"].endswith("Z")
     assert set(registered_wire_names()) >= {r.topic for r in rows}
+
+
+def test_a_read_event_is_placed_by_its_row_not_by_its_payload(world: World) -> None:
+    run = _started_run(world, "run_placed")
+    stray = {"originator_id": str(UUID(int=7)), "originator_version": 99}
+    world.app.recorder.insert_events(
+        [StoredEvent(run.id, 2, "RunCompleted", _raw({"output": 1, **stray}))]
+    )
+    completed = world.read_stream(run.id)[-1]
+    assert (completed.originator_id, completed.originator_version) == (run.id, 2)
+
+
+def test_an_event_no_stream_placed_says_so() -> None:
+    event = RunCompleted(timestamp=datetime.now(UTC), output=1)
+    assert (event.originator_id, event.originator_version) == (NOT_IN_A_STREAM, 0)
+    run = _unsaved_run("run_placing")
+    placed = run.trigger(RunCompleted, output=1)
+    assert (placed.originator_id, placed.originator_version) == (run.id, 2)
+
+
+def _unsaved_run(run_id: str) -> Run:
+    run = Run(run_id)
+    run.trigger(RunStarted, run_id=run_id, workflow_id="w", workflow_version="1", ir_hash="0" * 64)
+    return run
 
 
 def test_event_without_wire_name_cannot_be_saved(world: World) -> None:

@@ -7,12 +7,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import orjson
 import pytest
 from eventsourcing.persistence import StoredEvent
 from pydantic import ValidationError
 
+from little_es.domain import HarnessSession
 from little_es.errors import (
     ArtifactNotFoundError,
     EventPayloadError,
@@ -20,8 +22,10 @@ from little_es.errors import (
     RunNotFoundError,
     UnknownEventTypeError,
 )
-from little_es.events import utc_now
+from little_es.events import SessionCompleted, SessionStarted, ToolCallStarted, utc_now
+from little_es.harness.messages import Usage
 from little_es.ids import run_stream_id
+from little_es.materialize import materialize_run_state
 from little_es.replay import ReplayPlanStep, ReplayResult, replay_run
 from little_es.world import World
 from tests._logs import RunWriter, priced, unpriced, write_agent_run
@@ -311,3 +315,106 @@ def test_a_recorded_cost_in_a_usage_payload_is_refused(world: World) -> None:
     )
     with pytest.raises(EventPayloadError, match="cost_usd"):
         replay_run(world, "run_cost")
+
+
+# ------------------------------------------------- what replay decodes, and what it counts
+
+
+def _interleaved_agents(world: World, run_id: str) -> RunWriter:
+    """Two agent steps whose sessions write turn by turn in alternation (a parallel group)."""
+    w = RunWriter(world, run_id)
+    sessions = {}
+    for path in ("check[a]/agent", "check[b]/agent"):
+        sessions[path] = HarnessSession(run_id, path, 1)
+        w.start_step(path, kind="agent", session=sessions[path])
+        sessions[path].trigger(
+            SessionStarted,
+            run_id=run_id,
+            step_path=path,
+            attempt=1,
+            manifest={"model": "m"},
+            manifest_hash="sha256:" + "1" * 64,
+        )
+        world.save(sessions[path])
+    calls = [priced(tool_calls=2, failed_tool_calls=1), unpriced(tool_calls=1), priced()]
+    for turn, call in enumerate(calls, start=1):
+        for path, session in sessions.items():
+            w.model_turn(session, path, turn, call)
+    return w
+
+
+@pytest.mark.parametrize(
+    "shape",
+    ["completed", "in_flight_model_call", "in_flight_tool_call", "interleaved", "rollup_last"],
+)
+def test_replay_equals_the_fold_of_every_event(world: World, shape: str) -> None:
+    # replay_run leaves the events the reducer only counts undecoded: its state
+    # must be exactly the one folded from the whole log, decoded.
+    run_id = f"run_{shape}"
+    if shape == "completed":
+        write_agent_run(world, run_id, steps=2, calls_per_step=3, tool_calls=2)
+    elif shape == "in_flight_model_call":
+        w = RunWriter(world, run_id)
+        w.agent_step("a", [priced(tool_calls=1)] * 2, complete=False, end_in_flight=True)
+    elif shape == "in_flight_tool_call":
+        w = RunWriter(world, run_id)
+        session = w.agent_step("a", [priced(tool_calls=1)], complete=False)
+        session.trigger(ToolCallStarted, turn=2, call_id="c9", name="lookup", args={"q": 9})
+        world.save(session)
+    elif shape == "interleaved":
+        _interleaved_agents(world, run_id)
+    else:
+        w = RunWriter(world, run_id)
+        w.agent_step("a", [priced(tool_calls=1), unpriced()], complete=False)
+        w.sessions["a"].trigger(SessionCompleted, usage=Usage(), turns=2, output="x")
+        world.save(w.sessions["a"])
+    replayed = replay_run(world, run_id).state
+    assert replayed == materialize_run_state(world.read_run_log(run_id))
+    assert replayed.event_count == len(world.read_run_log(run_id))
+    assert replayed.updated_at == world.read_run_log(run_id)[-1].timestamp
+
+
+def _session_row(world: World, session_id: UUID, topic: str, payload: dict[str, Any]) -> None:
+    version = len(world.select_stored(session_id)) + 1
+    state = orjson.dumps({"timestamp": utc_now().isoformat(), **payload})
+    world.app.recorder.insert_events([StoredEvent(session_id, version, topic, state)])
+
+
+def test_an_unresolvable_topic_inside_a_session_is_refused(world: World) -> None:
+    w = RunWriter(world, "run_session_topic")
+    session = w.agent_step("a", [priced()], complete=False)
+    _session_row(world, session.id, "harness.teleported", {})
+    _session_row(world, session.id, "harness.model.called", {"turn": 2, "messages": []})
+    with pytest.raises(UnknownEventTypeError, match=r"run 'run_session_topic'.*teleported"):
+        replay_run(world, "run_session_topic")
+
+
+def test_the_last_event_of_a_session_is_always_validated(world: World) -> None:
+    w = RunWriter(world, "run_last_bad")
+    session = w.agent_step("a", [priced()], complete=False)
+    _session_row(world, session.id, "harness.tool_call.succeeded", {"call_id": 42})
+    with pytest.raises(EventPayloadError, match=r"harness\.tool_call\.succeeded.*call_id"):
+        replay_run(world, "run_last_bad")
+
+
+def test_calls_replay_only_counts_are_validated_by_their_readers(world: World) -> None:
+    # A damaged tool result in the middle of a session changes nothing replay
+    # folds, so replay reports the run; reading the log in full (little events,
+    # a resumed session) refuses it, naming the event and the field.
+    w = RunWriter(world, "run_mid_bad")
+    session = w.agent_step("a", [priced(tool_calls=1)], complete=False)
+    _session_row(world, session.id, "harness.tool_call.succeeded", {"call_id": ["c1"]})
+    _session_row(
+        world,
+        session.id,
+        "harness.model.called",
+        {"turn": 2, "messages": [], "conversation_hash": "h"},
+    )
+    state = replay_run(world, "run_mid_bad").state
+    assert state.event_count == len(world.select_stored(session.id)) + len(
+        world.select_stored(run_stream_id("run_mid_bad"))
+    )
+    with pytest.raises(EventPayloadError, match=r"harness\.tool_call\.succeeded.*call_id"):
+        world.read_run_log("run_mid_bad")
+    with pytest.raises(EventPayloadError, match="call_id"):
+        world.load_session(session.id)
