@@ -256,20 +256,37 @@ class World:
     def save(self, *aggregates: Aggregate) -> None:
         """Append every aggregate's pending events in one transaction.
 
-        Raises :class:`ConcurrencyConflictError` (and appends nothing) when
-        another writer got to one of these streams first.
+        The commit is fsynced unless it holds only write-ahead records
+        (:attr:`~little_es.events.Event.write_ahead`). Raises
+        :class:`ConcurrencyConflictError` (and appends nothing) when another
+        writer got to one of these streams first.
         """
-        pending = [e for a in aggregates for e in a.pending_events]
+        batches = [(a, a.collect_events()) for a in aggregates]
+        pending = [e for _, events in batches for e in events]
         if not pending:
             return
+        durable = not all(type(e).write_ahead for e in pending)
         try:
-            self.app.save(*aggregates)
+            self.app.events.put(pending, durable=durable)
         except IntegrityError as exc:
             ids = ", ".join(f"{type(a).__name__} {a.id}" for a in aggregates)
             raise ConcurrencyConflictError(
                 f"another writer appended to {ids} first; nothing was written: reload and retry"
             ) from exc
+        self._take_snapshots(batches)
         faults.after_append(pending)
+
+    def _take_snapshots(self, batches: list[tuple[Aggregate, list[Event]]]) -> None:
+        """Snapshot each aggregate whose save crossed a multiple of its snapshot interval."""
+        # eventsourcing's Application.save would reload the aggregate from the
+        # store to snapshot it; the one in hand is at the version just saved.
+        snapshots = self.app.snapshots
+        for aggregate, events in batches:
+            interval = self.app.snapshotting_intervals.get(type(aggregate))
+            if not interval or not events or snapshots is None:
+                continue
+            if aggregate.version // interval > (aggregate.version - len(events)) // interval:
+                snapshots.put([aggregate.take_snapshot()])
 
     def record_run_event(self, run_id: str, event_class: type[E], **fields: Any) -> E:
         """Append one event of your own (a :class:`RunEvent` subclass) to a run's stream."""
@@ -452,6 +469,10 @@ def _postgres_setup_lock(conninfo: str, scope: str) -> Iterator[None]:
             conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
 
 
+# A topic, not an import: psycopg is an optional dependency.
+_POSTGRES_FACTORY = "little_es.postgres:LittlePostgresFactory"
+
+
 def postgres_world(dsn: str, *, schema: str = "") -> World:
     """A world in a PostgreSQL database (``postgresql://user:pw@host:port/dbname``)."""
     parts = urlsplit(dsn)
@@ -473,7 +494,7 @@ def postgres_world(dsn: str, *, schema: str = "") -> World:
         with _postgres_setup_lock(conninfo, schema or "public"):
             app = LittleApplication(
                 env={
-                    "PERSISTENCE_MODULE": "eventsourcing.postgres",
+                    "PERSISTENCE_MODULE": _POSTGRES_FACTORY,
                     "POSTGRES_DBNAME": dbname,
                     "POSTGRES_HOST": parts.hostname or "127.0.0.1",
                     "POSTGRES_PORT": str(parts.port or 5432),
