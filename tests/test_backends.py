@@ -18,6 +18,7 @@ import textwrap
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
@@ -518,7 +519,7 @@ def test_snapshots_are_written_and_loads_equal_a_full_fold(
 
 def _crossings(saved_versions: list[int], interval: int) -> list[int]:
     """The versions of the saves (after the first) that reached a new multiple of ``interval``."""
-    pairs = zip(saved_versions, saved_versions[1:], strict=False)
+    pairs = pairwise(saved_versions)
     return [v for before, v in pairs if v // interval > before // interval]
 
 

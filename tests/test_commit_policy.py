@@ -21,13 +21,12 @@ import pytest
 
 from little_es.domain import Run
 from little_es.events import (
-    Event,
     RunStarted,
     StepCompleted,
     StepStarted,
+    event_class_for,
     registered_wire_names,
 )
-from little_es.events import event_class_for as _class
 from little_es.world import World, local_world
 from tests.conftest import WorldSpec
 
@@ -42,13 +41,8 @@ WRITE_AHEAD = {
 
 
 def test_the_write_ahead_records_are_exactly_the_in_flight_markers() -> None:
-    flagged = {name for name in registered_wire_names() if _is_write_ahead(_class(name))}
-    assert flagged == WRITE_AHEAD
-
-
-def _is_write_ahead(cls: type[Event] | None) -> bool:
-    assert cls is not None
-    return cls.write_ahead
+    classes = {name: event_class_for(name) for name in registered_wire_names()}
+    assert {name for name, cls in classes.items() if cls and cls.write_ahead} == WRITE_AHEAD
 
 
 def _started(world: World, run_id: str) -> Run:
