@@ -266,8 +266,9 @@ class World:
         if not pending:
             return
         durable = not all(type(e).write_ahead for e in pending)
+        stored = [self._mapper.to_stored_event(e) for e in pending]
         try:
-            self.app.events.put(pending, durable=durable)
+            self.app.recorder.insert_events(stored, durable=durable)
         except IntegrityError as exc:
             ids = ", ".join(f"{type(a).__name__} {a.id}" for a in aggregates)
             raise ConcurrencyConflictError(
