@@ -190,7 +190,12 @@ class _UsageSum:
 
 @dataclass(slots=True)
 class StepFold:
-    """The mutable per-step part of a :class:`RunFold`."""
+    """The mutable per-step part of a :class:`RunFold`.
+
+    Call :meth:`changing` before changing it (:meth:`RunFold.step` does): a
+    long run is frozen again and again (for each snapshot, and for the result),
+    and the cached :meth:`freeze` view is rebuilt only for the steps that changed.
+    """
 
     step_path: str
     step_id: str
@@ -205,24 +210,32 @@ class StepFold:
     error: ErrorInfo | None = None
     session_ids: list[UUID] = field(default_factory=list)
     usage: _UsageSum = field(default_factory=_UsageSum)
+    _view: StepState | None = field(default=None, repr=False, compare=False)
+
+    def changing(self) -> StepFold:
+        """Drop the cached frozen view before the caller changes this step; return it."""
+        self._view = None
+        return self
 
     def freeze(self) -> StepState:
         """The immutable view of this step."""
-        return StepState.model_construct(
-            step_path=self.step_path,
-            step_id=self.step_id,
-            kind=self.kind,
-            status=self.status,
-            visit=self.visit,
-            attempts=self.attempts,
-            output=freeze(self.output),
-            output_ref=self.output_ref,
-            artifact_refs=self.artifact_refs,
-            next_step=self.next_step,
-            error=self.error,
-            session_ids=tuple(self.session_ids),
-            usage=self.usage.freeze(),
-        )
+        if self._view is None:
+            self._view = StepState.model_construct(
+                step_path=self.step_path,
+                step_id=self.step_id,
+                kind=self.kind,
+                status=self.status,
+                visit=self.visit,
+                attempts=self.attempts,
+                output=freeze(self.output),
+                output_ref=self.output_ref,
+                artifact_refs=self.artifact_refs,
+                next_step=self.next_step,
+                error=self.error,
+                session_ids=tuple(self.session_ids),
+                usage=self.usage.freeze(),
+            )
+        return self._view
 
 
 @dataclass(slots=True)
@@ -292,17 +305,19 @@ class RunFold:
                 error=s.error,
                 session_ids=list(s.session_ids),
                 usage=_UsageSum.from_totals(s.usage),
+                _view=s,
             )
             for session_id in s.session_ids:
                 fold.session_steps[session_id] = path
         return fold
 
     def step(self, step_path: str, step_id: str) -> StepFold:
-        """The fold of ``step_path``, created pending on first sight."""
+        """The fold of ``step_path``, about to change (created pending on first sight)."""
         found = self.steps.get(step_path)
         if found is None:
             found = self.steps[step_path] = StepFold(step_path=step_path, step_id=step_id)
-        return found
+            return found
+        return found.changing()
 
     def freeze(self) -> MaterializedRunState:
         """The immutable :class:`MaterializedRunState` of everything folded so far."""
@@ -318,7 +333,7 @@ class RunFold:
             output_ref=self.output_ref,
             error=self.error,
             failed_step_path=self.failed_step_path,
-            steps=FrozenDict({p: s.freeze() for p, s in self.steps.items()}),
+            steps=_frozen_steps(self.steps),
             visits=FrozenDict(self.visits),
             parallel_groups=FrozenDict(self.parallel_groups),
             pending_decision_target=self.pending_decision_target,
@@ -340,6 +355,13 @@ need not decode (see ``skipped`` in :func:`materialize_run_state`).
 ``harness.model.responded`` events and is never folded."""
 
 
+def _frozen_steps(steps: dict[str, StepFold]) -> FrozenDict[str, StepState]:
+    view: FrozenDict[str, StepState] = FrozenDict()
+    # StepStates are frozen already: skip FrozenDict's deep freeze of every value.
+    dict.update(view, {path: step.freeze() for path, step in steps.items()})
+    return view
+
+
 def apply(state: RunFold, event: Event) -> RunFold:
     """Fold one event into ``state`` (in place) and return it.
 
@@ -358,7 +380,7 @@ def apply(state: RunFold, event: Event) -> RunFold:
             state.usage.add(r.usage, cost)
             path = event.step_path or state.session_steps.get(event.originator_id)
             if path is not None and path in state.steps:
-                state.steps[path].usage.add(r.usage, cost)
+                state.steps[path].changing().usage.add(r.usage, cost)
         case StepStarted():
             step = state.step(event.step_path, event.step_id)
             step.kind = event.kind

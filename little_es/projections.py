@@ -33,6 +33,7 @@ the world object lives.
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from abc import ABC, abstractmethod
@@ -433,7 +434,9 @@ def _view_for(world: World) -> RunsView:
         sqlite_view = SQLiteRunsView(datastore)
         sqlite_view.create_table()
         return sqlite_view
-    if type(factory).__module__ == "eventsourcing.postgres":
+    # Looked up, not imported: importing psycopg would slow every SQLite-only start.
+    postgres = sys.modules.get("eventsourcing.postgres")
+    if postgres is not None and isinstance(factory, postgres.PostgresFactory):
         pg_view = _postgres_view_class()(datastore)  # type: ignore[call-arg]
         pg_view.create_table()
         return pg_view

@@ -86,8 +86,8 @@ class LittleApplication(Application[UUID]):
         "MAPPER_TOPIC": get_topic(PydanticMapper),
         "TRANSCODER_TOPIC": get_topic(OrjsonTranscoder),
     }
-    # Without it eventsourcing raises after the events are committed, on the
-    # first save that reaches a snapshotting interval.
+    # World.save snapshots the aggregates itself; eventsourcing's own
+    # take_snapshot() (and the snapshot store it opens) need the class too.
     snapshot_class = Snapshot
     snapshotting_intervals: ClassVar[dict[type[Any], int]] = {
         Run: RUN_SNAPSHOT_INTERVAL,

@@ -211,6 +211,25 @@ def test_fold_continues_from_a_materialized_state(mem: World) -> None:
     assert second.freeze() == materialize_run_state(log)
 
 
+def test_freezing_as_the_fold_goes_equals_freezing_once(mem: World) -> None:
+    # Each step's frozen view is cached until the step changes: freezing after
+    # every event must see every change, and end where a single freeze does.
+    w = RunWriter(mem, "run_freeze_often")
+    w.agent_step("a", [priced(tool_calls=1), unpriced()])
+    w.start_step("b")
+    w.fail_step("b", will_retry=True)
+    w.task_step("b", {"ok": True}, attempt=2)
+    w.agent_step("c", [priced()], complete=False)
+    log = mem.read_run_log("run_freeze_often")
+    often = RunFold()
+    for i, event in enumerate(log):
+        apply(often, event)
+        assert often.freeze() == materialize_run_state(log[: i + 1])
+    assert often.freeze() == materialize_run_state(log)
+    resumed = RunFold.from_state(often.freeze())
+    assert resumed.freeze() == often.freeze()
+
+
 def test_costs_are_finite_floats(mem: World) -> None:
     w = RunWriter(mem, "run_floats")
     w.agent_step("a", [priced(input_tokens=1, output_tokens=1)] * 50)
