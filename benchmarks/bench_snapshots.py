@@ -1,21 +1,23 @@
 """What snapshots cost and buy: load time and write overhead per snapshotting interval.
 
-For each backend, stream length N (``--events``) and interval (``--intervals``;
+A world snapshots an aggregate when it reaches ``interval`` events, then twice,
+four times as many... (``little_es.world.RUN_SNAPSHOT_INTERVAL``). For each
+backend, stream length N (``--events``) and interval (``--intervals``;
 ``none`` = snapshotting off), in a fresh world:
 
 * writes a ``HarnessSession`` of N events (the realistic harness mix of
   ``bench_storage.py``) and a ``Run`` of N events (task steps, started and
   completed), ``--batch`` events per save (1 = the write-ahead path);
 * reports the total write time, the part of it spent taking snapshots (timed
-  inside eventsourcing's ``take_snapshot``), the number and size of snapshots,
+  inside ``World._snapshot``), the number and size of snapshots,
   and the median time of ``World.load_session`` / ``World.load_run``.
 
 It ends with a recommendation per aggregate: the interval with the best load
 time whose write overhead stays within ``--max-overhead`` of the time without
 snapshots, or ``none`` when no interval makes loading at least 1.5x faster.
 
-    .venv/bin/python benchmarks/bench_snapshots.py [--events 1000,5000]
-        [--intervals 50,200,1000,none] [--backends sqlite] [--batch 1]
+    .venv/bin/python benchmarks/bench_snapshots.py [--events 1000,5000,20000]
+        [--intervals 200,1000,none] [--backends sqlite] [--batch 1]
 """
 
 from __future__ import annotations
@@ -58,16 +60,16 @@ def _set_interval(interval: int | None) -> None:
 
 
 def _timed_snapshots(world: World) -> list[float]:
-    """Accumulate the seconds spent in each snapshot the world takes."""
+    """Accumulate the seconds spent in each snapshot the world takes (and stores)."""
     spent: list[float] = []
-    real = world.app.take_snapshot
+    real = world._snapshot
 
-    def take_snapshot(*args: Any, **kwargs: Any) -> None:
+    def snapshot(*args: Any, **kwargs: Any) -> None:
         start = time.perf_counter()
         real(*args, **kwargs)
         spent.append(time.perf_counter() - start)
 
-    world.app.take_snapshot = take_snapshot  # type: ignore[method-assign]
+    world._snapshot = snapshot  # type: ignore[method-assign]
     return spent
 
 
@@ -199,8 +201,10 @@ def _recommend(
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, run every configuration, print tables and a recommendation."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--events", default="1000,5000", help="stream lengths, comma-separated")
-    parser.add_argument("--intervals", default="50,200,1000,none", help="comma-separated")
+    parser.add_argument(
+        "--events", default="1000,5000,20000", help="stream lengths, comma-separated"
+    )
+    parser.add_argument("--intervals", default="200,1000,none", help="comma-separated")
     parser.add_argument("--backends", default="sqlite", help="sqlite and/or postgres")
     parser.add_argument("--batch", type=int, default=1, help="events per save (1 = write-ahead)")
     parser.add_argument("--loads", type=int, default=5, help="loads per figure (median kept)")

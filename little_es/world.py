@@ -59,12 +59,17 @@ DEFAULT_DATA_DIR = ".little-workflow"
 A = TypeVar("A", bound=Aggregate)
 E = TypeVar("E", bound=RunEvent)
 
-# Measured with benchmarks/bench_snapshots.py (README, "Performance"): a snapshot
-# holds the whole folded state, so a short interval costs more to write than it
-# saves on load (interval 200: +56-89% write time, 1.1-1.3x faster load); at
-# 1000 the write overhead is 11-18% for a 1.3-1.4x faster load of long streams.
 RUN_SNAPSHOT_INTERVAL = 1000
-SESSION_SNAPSHOT_INTERVAL = 1000
+"""A ``Run`` is snapshotted at this many events, then at twice, four times as many...
+
+A snapshot holds the whole folded state, so it costs as much as the run is
+long: at a fixed interval their total cost would grow with the square of the
+run's length, at doubling versions it stays proportional to it, while a load
+reads at most the later half of the stream after its snapshot. Measured with
+``benchmarks/bench_snapshots.py`` (README, "Performance"). A ``HarnessSession``
+is not snapshotted: its state is every event it recorded, and loading that
+from a snapshot measured no faster than from the events themselves.
+"""
 
 
 def _projector(cls: type[A]) -> Any:
@@ -89,10 +94,8 @@ class LittleApplication(Application[UUID]):
     # World.save snapshots the aggregates itself; eventsourcing's own
     # take_snapshot() (and the snapshot store it opens) need the class too.
     snapshot_class = Snapshot
-    snapshotting_intervals: ClassVar[dict[type[Any], int]] = {
-        Run: RUN_SNAPSHOT_INTERVAL,
-        HarnessSession: SESSION_SNAPSHOT_INTERVAL,
-    }
+    snapshotting_intervals: ClassVar[dict[type[Any], int]] = {Run: RUN_SNAPSHOT_INTERVAL}
+    """First snapshot version per aggregate class; later ones double it (World.save)."""
     snapshotting_projectors: ClassVar[dict[type[Any], Any]] = {
         Run: _projector(Run),
         HarnessSession: _projector(HarnessSession),
@@ -196,6 +199,15 @@ def _postgres_selector(recorder: Any) -> _Select:
     return select
 
 
+def _reached_doubling(version: int, saved: int, interval: int) -> bool:
+    """Whether versions ``version - saved + 1 .. version`` include ``interval * 2**k``."""
+    multiples = version // interval
+    if multiples == 0:
+        return False
+    last_doubling = interval << (multiples.bit_length() - 1)
+    return last_doubling > version - saved
+
+
 class RunLog(NamedTuple):
     """A run's log as :meth:`World.read_run_log_skipping` read it."""
 
@@ -278,16 +290,20 @@ class World:
         faults.after_append(pending)
 
     def _take_snapshots(self, batches: list[tuple[Aggregate, list[Event]]]) -> None:
-        """Snapshot each aggregate whose save crossed a multiple of its snapshot interval."""
+        """Snapshot each aggregate whose save reached ``interval * 2**k`` events (see
+        :data:`RUN_SNAPSHOT_INTERVAL`)."""
         # eventsourcing's Application.save would reload the aggregate from the
         # store to snapshot it; the one in hand is at the version just saved.
-        snapshots = self.app.snapshots
+        if self.app.snapshots is None:
+            return
         for aggregate, events in batches:
             interval = self.app.snapshotting_intervals.get(type(aggregate))
-            if not interval or not events or snapshots is None:
-                continue
-            if aggregate.version // interval > (aggregate.version - len(events)) // interval:
-                snapshots.put([aggregate.take_snapshot()])
+            if interval and events and _reached_doubling(aggregate.version, len(events), interval):
+                self._snapshot(aggregate)
+
+    def _snapshot(self, aggregate: Aggregate) -> None:
+        assert self.app.snapshots is not None
+        self.app.snapshots.put([aggregate.take_snapshot()])
 
     def record_run_event(self, run_id: str, event_class: type[E], **fields: Any) -> E:
         """Append one event of your own (a :class:`RunEvent` subclass) to a run's stream."""

@@ -486,10 +486,12 @@ def test_snapshots_are_written_and_loads_equal_a_full_fold(
     assert len(run_events) > 3 * run_interval and len(session_events) > 3 * session_interval
     run_snaps = _snapshot_versions(world, run.id)
     session_snaps = _snapshot_versions(world, session.id)
-    # One at each save that reached or crossed a multiple of the interval, at the saved version.
-    assert run_snaps == _crossings([1, *saved_at[run.id]], run_interval) == [len(run_events)]
-    assert session_snaps == _crossings([0, *saved_at[session.id]], session_interval)
-    assert session_snaps[-1] // session_interval == len(session_events) // session_interval
+    # One at each save that reached interval * 2**k events, at the version saved.
+    assert run_snaps == _doublings([1, *saved_at[run.id]], run_interval) == [len(run_events)]
+    assert session_snaps == _doublings([0, *saved_at[session.id]], session_interval)
+    assert session_snaps == [5, 10, 20]
+    # A load reads at most the later half of the stream after its snapshot.
+    assert session_snaps[-1] >= len(session_events) / 2
 
     starts = _spy_event_reads(world, monkeypatch)
     loaded_run = world.load_run("run_snap")
@@ -517,13 +519,13 @@ def test_snapshots_are_written_and_loads_equal_a_full_fold(
     )
 
 
-def _crossings(saved_versions: list[int], interval: int) -> list[int]:
-    """The versions of the saves (after the first) that reached a new multiple of ``interval``."""
-    pairs = pairwise(saved_versions)
-    return [v for before, v in pairs if v // interval > before // interval]
+def _doublings(saved_versions: list[int], interval: int) -> list[int]:
+    """The versions of the saves (after the first) that reached ``interval * 2**k`` events."""
+    marks = [interval << k for k in range(32)]
+    return [v for before, v in pairwise(saved_versions) if any(before < m <= v for m in marks)]
 
 
-def test_batch_save_crossing_several_intervals_snapshots_once_at_its_version(
+def test_batch_save_reaching_several_doublings_snapshots_once_at_its_version(
     small_snapshot_intervals: tuple[int, int], world_factory: Callable[[], World]
 ) -> None:
     world = world_factory()
