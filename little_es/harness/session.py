@@ -13,7 +13,8 @@ and tool call goes through the session's ``HarnessSession`` stream:
 
 Events between which nothing runs share one transaction, since a commit
 (an fsync on SQLite) is the main cost of recording: ``session.started`` with
-turn 1's ``model.called``; a response with its tool calls' starts (or with
+turn 1's ``model.called`` (write-ahead records only: not fsynced, see
+:mod:`little_es.durability`); a response with its tool calls' starts (or with
 ``session.completed``); the last result of a turn's tool calls with the next
 ``model.called``. The log's order and content are the same either way.
 
