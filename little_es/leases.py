@@ -115,7 +115,11 @@ class PostgresRunLeases(RunLeases):
         # runs. Keys are signed 64-bit integers.
         digest = hashlib.sha256(self._scope + b":" + key.bytes).digest()
         lock_key = int.from_bytes(digest[:8], "big", signed=True)
-        row = conn.execute("SELECT pg_try_advisory_lock(%s)", (lock_key,)).fetchone()
+        try:
+            row = conn.execute("SELECT pg_try_advisory_lock(%s)", (lock_key,)).fetchone()
+        except BaseException:
+            conn.close()
+            raise
         if row is None or not row[0]:
             conn.close()
             return None

@@ -696,6 +696,30 @@ def test_postgres_leases_are_scoped_to_the_worlds_schema(
             conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(other_schema)))
 
 
+@pytest.mark.backends("postgres")
+def test_postgres_lease_closes_its_connection_when_the_lock_query_fails(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opened: list[psycopg.Connection[Any]] = []
+    real_connect = psycopg.connect
+
+    def connect(*args: Any, **kwargs: Any) -> psycopg.Connection[Any]:
+        opened.append(real_connect(*args, **kwargs))
+        return opened[-1]
+
+    def execute(*args: Any, **kwargs: Any) -> Any:
+        raise psycopg.OperationalError("the server went away")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(psycopg, "connect", connect)
+        patched.setattr(psycopg.Connection, "execute", execute)
+        with pytest.raises(psycopg.OperationalError, match="went away"):
+            world.run_lease("run_lease_fails").__enter__()
+    assert len(opened) == 1 and opened[0].closed
+    with world.run_lease("run_lease_fails"):
+        pass
+
+
 # --------------------------------------------------------------------- bad ids
 
 
