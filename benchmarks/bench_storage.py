@@ -6,7 +6,9 @@ created for the run and dropped after it), with a realistic harness mix (mostly
 some tool calls):
 
 * append 1: the median (and p95) time of ``World.save`` of one event, i.e. one
-  durable transaction, over ``--single`` samples;
+  transaction, over ``--single`` samples, apart for results (fsynced:
+  ``model.responded``, ``tool_call.succeeded``) and write-ahead records (not
+  fsynced: ``model.called``, ``tool_call.started``);
 * append batch: events/s of ``World.save`` over ``--events`` events, ``--batch``
   per save (encoding and writing; building the events is timed apart);
 * read_stream: events/s of ``World.read_stream`` of that stream (decoded and
@@ -311,19 +313,22 @@ def measure(
         # One event per save: the write-ahead path of a harness call.
         short = open_session(RUN_ID, "single")
         world.save(short)
-        samples: list[float] = []
+        samples: dict[bool, list[float]] = {True: [], False: []}
 
         def timed_save() -> None:
+            write_ahead = all(type(e).write_ahead for e in short.pending_events)
             start = time.perf_counter()
             world.save(short)
-            samples.append(time.perf_counter() - start)
+            samples[write_ahead].append(time.perf_counter() - start)
 
         turn = 1
-        while len(samples) < single:
+        while min(len(s) for s in samples.values()) < single:
             add_turn(short, turn, timed_save)
             turn += 1
-        out["single_median_ms"] = statistics.median(samples) * 1000
-        out["single_p95_ms"] = statistics.quantiles(samples, n=20)[-1] * 1000
+        for key, write_ahead in (("result", False), ("ahead", True)):
+            times = samples[write_ahead]
+            out[f"{key}_median_ms"] = statistics.median(times) * 1000
+            out[f"{key}_p95_ms"] = statistics.quantiles(times, n=20)[-1] * 1000
 
         # Batches of ``batch`` events per save, into one long stream.
         session = open_session(RUN_ID, "long")
@@ -365,8 +370,12 @@ def _table(results: dict[str, dict[str, Any]], batch: int, single: int) -> str:
     names = list(results)
     lines = [
         (
-            f"append 1 event, median (p95) [{single} saves]",
-            "{single_median_ms:.2f} ms ({single_p95_ms:.2f})",
+            f"append 1 result, median (p95) [{single} saves]",
+            "{result_median_ms:.2f} ms ({result_p95_ms:.2f})",
+        ),
+        (
+            f"append 1 write-ahead record [{single} saves]",
+            "{ahead_median_ms:.2f} ms ({ahead_p95_ms:.2f})",
         ),
         (f"append, {batch} events per save", "{append_eps:,.0f} ev/s"),
         ("  (building the events, apart)", "{build_eps:,.0f} ev/s"),
