@@ -60,9 +60,8 @@ from little_es.errors import StepExecutionError
 from little_es.events import ErrorInfo, SubRunReserved
 from little_es.harness.messages import JSONValue
 from little_es.harness.tools import Tool, ToolArgumentsError, ToolContext
-from little_es.ids import run_stream_id, validate_run_id
-from little_es.materialize import MaterializedRunState, RunStatus, UsageTotals
-from little_es.replay import read_run_state
+from little_es.ids import validate_run_id
+from little_es.materialize import COUNTED_ONLY, MaterializedRunState, RunStatus, UsageTotals
 from little_es.workflow.authoring import Workflow
 from little_es.workflow.runtime import RunFailedError, current_run_recorder, run_workflow
 from little_es.world import World
@@ -334,10 +333,9 @@ class RunTree(BaseModel):
 
 
 def _read(world: World, run_id: str) -> tuple[MaterializedRunState, list[SubRunReserved]]:
-    """A run's state, and the reservations its own stream records."""
-    state = read_run_state(world, run_id)
-    stream = world.read_stream(run_stream_id(run_id))
-    return state, [e for e in stream if isinstance(e, SubRunReserved)]
+    """A run's state and its reservations, from one read of its own log."""
+    log = world.read_run_log_skipping(run_id, COUNTED_ONLY)
+    return log.materialize(), [e for e in log.events if isinstance(e, SubRunReserved)]
 
 
 def _state_or_none(world: World, run_id: str) -> tuple[MaterializedRunState, list[SubRunReserved]]:

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict
 from little_es.artifacts import ArtifactRef, HydratedArtifact
 from little_es.harness.messages import JSONValue
 from little_es.ids import validate_run_id
-from little_es.materialize import COUNTED_ONLY, MaterializedRunState, materialize_run_state
+from little_es.materialize import COUNTED_ONLY, MaterializedRunState
 from little_es.world import World, gc_paused
 
 __all__ = ["ReplayPlanStep", "ReplayResult", "read_run_state", "replay_run"]
@@ -115,12 +115,9 @@ def read_run_state(world: World, run_id: str) -> MaterializedRunState:
     """
     validate_run_id(run_id)
     with gc_paused():
-        log = world.read_run_log_skipping(run_id, COUNTED_ONLY)
-        state = materialize_run_state(log.events, skipped=log.skipped)
-        # Freed while the collector is paused: alive when it resumes, the decoded
-        # events would all be scanned by its next pass.
-        del log
-    return state
+        # The decoded events are freed before the collector resumes: alive
+        # then, they would all be scanned by its next pass.
+        return world.read_run_log_skipping(run_id, COUNTED_ONLY).materialize()
 
 
 def _hydrate(world: World, state: MaterializedRunState) -> tuple[HydratedArtifact, ...]:

@@ -51,6 +51,7 @@ from little_es.errors import (
 from little_es.events import Event, RunEvent, Snapshot, StepStarted
 from little_es.ids import outer_loop_stream_id, run_stream_id, validate_run_id
 from little_es.leases import FileRunLeases, MemoryRunLeases, PostgresRunLeases, RunLeases
+from little_es.materialize import MaterializedRunState, materialize_run_state
 from little_es.sqlite import SYNCHRONOUS_ENV, LittleSQLiteFactory, Synchronous
 
 WORLD_ENV_VAR = "LITTLE_ES_WORLD"
@@ -215,6 +216,14 @@ class RunLog(NamedTuple):
     """The decoded events, merged by timestamp as :meth:`World.read_run_log` orders them."""
     skipped: int
     """How many events were left undecoded."""
+
+    def materialize(self) -> MaterializedRunState:
+        """The run's state: the decoded events folded, the skipped ones counted.
+
+        Equal to the fold of the whole log when the skipped events are of
+        classes the reducer only counts (:data:`~little_es.materialize.COUNTED_ONLY`).
+        """
+        return materialize_run_state(self.events, skipped=self.skipped)
 
 
 def _merge_by_timestamp(streams: list[list[Event]]) -> list[Event]:
