@@ -11,7 +11,7 @@ Every event the result is folded from is decoded and validated. The bulk of a
 long log is what each model call was sent and each tool call's arguments and
 result (``harness.model.called``, ``harness.tool_call.*``), which the reducer
 only counts (:data:`~little_es.materialize.COUNTED_ONLY`): replay counts those
-rows without decoding them (their topics are still checked). A resumed session
+rows without decoding them (an unknown topic is still refused). A resumed session
 decodes and validates them, and checks the conversation's hash chain;
 ``little events`` shows them.
 

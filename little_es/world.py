@@ -334,8 +334,8 @@ class World:
     ) -> tuple[list[Event], int]:
         """The stream's events, leaving those of a class in ``skip`` undecoded (never the last).
 
-        Returns the decoded events and how many were skipped. A skipped row's
-        topic is still resolved, so an unknown one is refused all the same.
+        Returns the decoded events and how many were skipped. An unknown topic
+        is never skipped, so it is refused all the same.
         """
         rows = self._select(stream_id, after)
         decode = self._mapper.decode_row
@@ -374,7 +374,7 @@ class World:
         For a reader that does not need them (:func:`~little_es.replay.replay_run`
         folds with a reducer that only counts them): the rest of the log, in
         the same order, and how many were skipped. The run stream and each
-        stream's last event are always decoded; every topic is still resolved.
+        stream's last event are always decoded; an unknown topic is still refused.
         """
         validate_run_id(run_id)
         # Paused for the merge too: it keeps every decoded event alive.

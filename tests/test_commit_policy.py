@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import psycopg
@@ -135,7 +136,7 @@ def _wait_attached(pid: int) -> None:
         )
         if tracer.split()[-1:] != ["0"]:
             return
-        subprocess.run(["sleep", "0.01"], check=True)
+        time.sleep(0.01)
     pytest.fail("strace did not attach")
 
 
