@@ -41,11 +41,11 @@ from pathlib import Path
 from typing import Any
 
 from little_es.events import ToolCallSucceeded
-from little_es.harness.messages import ModelRequest, ToolCall, Usage
 from little_es.harness.model import ScriptedModel, ScriptedReply
 from little_es.ids import session_stream_id
 from little_es.logging import configure_logging
 from little_es.orchestrator import start_workflow_tool
+from little_es.values import ModelRequest, ToolCall, Usage
 from little_es.workflow.authoring import Workflow, agent, task
 from little_es.workflow.context import StepContext
 from little_es.workflow.runtime import run_workflow

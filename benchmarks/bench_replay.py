@@ -50,9 +50,9 @@ from little_es.events import (
     ToolCallStarted,
     ToolCallSucceeded,
 )
-from little_es.harness.messages import Message, ModelResponse, ToolCall, Usage
 from little_es.materialize import COUNTED_ONLY, materialize_run_state
 from little_es.replay import replay_run
+from little_es.values import Message, ModelResponse, ToolCall, Usage
 from little_es.world import RUN_SNAPSHOT_INTERVAL, World, _merge_by_timestamp, local_world
 
 RUN_ID = "run_bench_replay"

@@ -56,7 +56,7 @@ from little_es.events import (
     ToolCallStarted,
     ToolCallSucceeded,
 )
-from little_es.harness.messages import Message, ModelResponse, ToolCall, Usage
+from little_es.values import Message, ModelResponse, ToolCall, Usage
 from little_es.world import LittleApplication, World, local_world, postgres_world
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"

@@ -3,7 +3,7 @@
 The public API is re-exported here; everything else is internal. See the README.
 """
 
-from little_es.artifacts import ArtifactRef, HydratedArtifact
+from little_es.artifacts import HydratedArtifact
 from little_es.domain import HarnessSession, OuterLoop, Run
 from little_es.durability import OutputNotSerializableError
 from little_es.errors import (
@@ -30,7 +30,6 @@ from little_es.errors import (
     WorldConfigError,
 )
 from little_es.events import (
-    ErrorInfo,
     Event,
     HarnessEvent,
     ModelCalled,
@@ -51,14 +50,6 @@ from little_es.events import (
     ToolCallStarted,
     ToolCallSucceeded,
 )
-from little_es.harness.messages import (
-    Message,
-    ModelRequest,
-    ModelResponse,
-    ToolCall,
-    ToolSpec,
-    Usage,
-)
 from little_es.harness.model import Model, ModelConfigError, ScriptedModel, ScriptedReply
 from little_es.harness.session import (
     ConversationDivergedError,
@@ -70,13 +61,7 @@ from little_es.harness.tools import Tool, ToolArgumentsError, ToolContext, resol
 from little_es.ids import new_run_id, validate_run_id
 from little_es.integrity import RunInputMismatchError
 from little_es.logging import configure_logging, get_logger
-from little_es.materialize import (
-    MaterializedRunState,
-    StepState,
-    UsageTotals,
-    apply,
-    materialize_run_state,
-)
+from little_es.materialize import MaterializedRunState, StepState, apply, materialize_run_state
 from little_es.orchestrator import SubRunFailedError, start_workflow_tool
 from little_es.pricing import (
     ModelInfo,
@@ -88,6 +73,17 @@ from little_es.pricing import (
 )
 from little_es.projections import RunSummary, list_runs
 from little_es.replay import ReplayPlanStep, ReplayResult, replay_run
+from little_es.values import (
+    ArtifactRef,
+    ErrorInfo,
+    Message,
+    ModelRequest,
+    ModelResponse,
+    ToolCall,
+    ToolSpec,
+    Usage,
+    UsageTotals,
+)
 from little_es.workflow.authoring import (
     Workflow,
     agent,

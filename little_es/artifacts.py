@@ -22,28 +22,16 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from little_es.errors import ArtifactIntegrityError, ArtifactNotFoundError
 from little_es.ids import validate_run_id
+from little_es.values import ArtifactRef
 
 if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
 
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
-
-
-class ArtifactRef(BaseModel):
-    """The manifest of one stored artifact, as recorded in events."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    artifact_id: str = Field(description="sha256:<hex>, the content address of the bytes.")
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    size: int = Field(ge=0)
-    media_type: str = "application/octet-stream"
-    run_id: str
-    step_path: str
 
 
 class HydratedArtifact(BaseModel):

@@ -40,9 +40,10 @@ from typer.core import TyperGroup
 
 from little_es.errors import LittleEsError, WorldConfigError
 from little_es.events import Event
-from little_es.materialize import MaterializedRunState, UsageTotals
+from little_es.materialize import MaterializedRunState
 from little_es.projections import RunSummary, list_runs
 from little_es.replay import ReplayResult, read_run_state, replay_run
+from little_es.values import UsageTotals
 from little_es.world import DEFAULT_DATA_DIR, WORLD_ENV_VAR, World, open_world
 
 __all__ = [

@@ -38,9 +38,9 @@ from little_es.events import (
     ToolCallSucceeded,
     utc_now,
 )
-from little_es.harness.messages import is_usage_cost_error, usage_cost_message
 from little_es.ids import outer_loop_stream_id, run_stream_id, session_stream_id
 from little_es.materialize import MaterializedRunState, RunFold, apply
+from little_es.values import is_usage_cost_error, usage_cost_message
 
 E = TypeVar("E", bound=Event)
 

@@ -42,11 +42,9 @@ from uuid import UUID
 import orjson
 from pydantic import BaseModel
 
-from little_es.artifacts import ArtifactRef
 from little_es.domain import Run
 from little_es.errors import LittleEsError, RunNotFoundError
 from little_es.events import (
-    ErrorInfo,
     Event,
     ParallelBranchScheduled,
     RunCompleted,
@@ -59,6 +57,7 @@ from little_es.events import (
     SubRunReserved,
 )
 from little_es.materialize import RunFold
+from little_es.values import ArtifactRef, ErrorInfo
 from little_es.world import World
 
 OUTPUT_INLINE_LIMIT = 64 * 1024

@@ -36,8 +36,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from little_es.artifacts import ArtifactRef
-from little_es.harness.messages import JSONValue, Message, ModelResponse, Usage
+from little_es.values import ArtifactRef, ErrorInfo, JSONValue, Message, ModelResponse, Usage
 
 _BY_WIRE_NAME: dict[str, type[Event]] = {}
 
@@ -106,22 +105,6 @@ def event_class_for(wire_name: str) -> type[Event] | None:
 def registered_wire_names() -> tuple[str, ...]:
     """Every registered wire name, sorted."""
     return tuple(sorted(_BY_WIRE_NAME))
-
-
-class ErrorInfo(BaseModel):
-    """A recorded failure: exception type, message, and whether a retry can help."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    type: str
-    message: str
-    retryable: bool = True
-
-    @classmethod
-    def from_exception(cls, exc: BaseException, *, retryable: bool | None = None) -> ErrorInfo:
-        """Describe ``exc``; ``retryable`` defaults to the exception's own flag or True."""
-        flag = getattr(exc, "retryable", True) if retryable is None else retryable
-        return cls(type=type(exc).__qualname__, message=str(exc), retryable=bool(flag))
 
 
 # --------------------------------------------------------------------------- Run

@@ -16,7 +16,6 @@ from typing import Any
 
 import orjson
 
-from little_es.artifacts import ArtifactRef
 from little_es.errors import (
     ArtifactError,
     ArtifactMismatchError,
@@ -25,6 +24,7 @@ from little_es.errors import (
     WorkflowChangedError,
 )
 from little_es.materialize import RunFold
+from little_es.values import ArtifactRef
 from little_es.world import World
 
 

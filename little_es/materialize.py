@@ -32,9 +32,7 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict
 
 from little_es._frozen import FrozenDict, freeze
-from little_es.artifacts import ArtifactRef
 from little_es.events import (
-    ErrorInfo,
     Event,
     ModelCalled,
     ModelResponded,
@@ -53,8 +51,8 @@ from little_es.events import (
     ToolCallStarted,
     ToolCallSucceeded,
 )
-from little_es.harness.messages import JSONValue, Usage
 from little_es.pricing import price_usage
+from little_es.values import ArtifactRef, ErrorInfo, JSONValue, Usage, UsageTotals
 from little_es.workflow.paths import InvalidStepPathError, visit_key
 
 StepStatus = Literal["pending", "running", "completed", "failed"]
@@ -73,21 +71,6 @@ def visit_counter(step_path: str) -> str:
         # Not a path the workflow grammar makes (a hand-written log): count it as itself.
         return step_path
     return f"{branch_path}/{step_id}" if branch_path else step_id
-
-
-class UsageTotals(BaseModel):
-    """Token and dollar totals of a scope (a step, or the whole run)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cached_input_tokens: int = 0
-    reasoning_tokens: int = 0
-    cost_usd: float | None = 0.0
-    """USD over the priced calls; None only when there were calls and none was priced."""
-    unpriced_calls: int = 0
-    calls: int = 0
 
 
 class StepState(BaseModel):

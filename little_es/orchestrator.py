@@ -57,11 +57,11 @@ from rich.table import Table
 from rich.tree import Tree
 
 from little_es.errors import StepExecutionError
-from little_es.events import ErrorInfo, SubRunReserved
-from little_es.harness.messages import JSONValue
+from little_es.events import SubRunReserved
 from little_es.harness.tools import Tool, ToolArgumentsError, ToolContext
 from little_es.ids import validate_run_id
-from little_es.materialize import COUNTED_ONLY, MaterializedRunState, RunStatus, UsageTotals
+from little_es.materialize import COUNTED_ONLY, MaterializedRunState, RunStatus
+from little_es.values import ErrorInfo, JSONValue, UsageTotals
 from little_es.workflow.authoring import Workflow
 from little_es.workflow.runtime import RunFailedError, current_run_recorder, run_workflow
 from little_es.world import World

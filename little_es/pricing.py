@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Final
 from pydantic import BaseModel, ConfigDict, Field
 
 from little_es.errors import LittleEsError
-from little_es.harness.messages import Usage
+from little_es.values import Usage
 
 if TYPE_CHECKING:
     from genai_prices.data_snapshot import DataSnapshot

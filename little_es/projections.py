@@ -53,13 +53,8 @@ from pydantic import BaseModel, ConfigDict
 from little_es.codec import PydanticMapper
 from little_es.errors import EventLogError, LittleEsError
 from little_es.events import Event, RunStarted, StepStarted
-from little_es.materialize import (
-    MaterializedRunState,
-    RunFold,
-    RunStatus,
-    UsageTotals,
-    apply,
-)
+from little_es.materialize import MaterializedRunState, RunFold, RunStatus, apply
+from little_es.values import UsageTotals
 from little_es.world import World
 
 __all__ = [

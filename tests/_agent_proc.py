@@ -22,11 +22,11 @@ from typing import Any
 
 import orjson
 
-from little_es.harness.messages import ModelRequest, ModelResponse, ToolCall, Usage
 from little_es.harness.model import ScriptedModel, ScriptedReply
 from little_es.harness.session import run_agent_session
 from little_es.harness.tools import Tool, ToolContext, tool
 from little_es.logging import configure_logging
+from little_es.values import ModelRequest, ModelResponse, ToolCall, Usage
 from little_es.world import local_world
 
 RUN_ID = "run_crash_agent"

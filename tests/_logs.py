@@ -16,10 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from little_es.artifacts import ArtifactRef
 from little_es.domain import HarnessSession, Run
 from little_es.events import (
-    ErrorInfo,
     ModelCalled,
     ModelResponded,
     RunCompleted,
@@ -36,7 +34,7 @@ from little_es.events import (
     ToolCallStarted,
     ToolCallSucceeded,
 )
-from little_es.harness.messages import Message, ModelResponse, ToolCall, Usage
+from little_es.values import ArtifactRef, ErrorInfo, Message, ModelResponse, ToolCall, Usage
 from little_es.world import World
 
 PRICED = ("openai", "gpt-4o")

@@ -38,9 +38,9 @@ from typing import Any
 
 import orjson
 
-from little_es.harness.messages import ModelRequest, ToolCall, Usage
 from little_es.harness.model import ScriptedModel, ScriptedReply
 from little_es.harness.tools import ToolContext, tool
+from little_es.values import ModelRequest, ToolCall, Usage
 from little_es.workflow.authoring import Workflow, agent, decision, parallel, subworkflow, task
 from little_es.workflow.context import StepContext
 from little_es.workflow.ir import END, RetryPolicy

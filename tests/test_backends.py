@@ -27,7 +27,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from little_es.artifacts import ArtifactRef, FileArtifactStore, MemoryArtifactStore
+from little_es.artifacts import FileArtifactStore, MemoryArtifactStore
 from little_es.domain import HarnessSession, Run
 from little_es.errors import (
     ArtifactIntegrityError,
@@ -38,7 +38,6 @@ from little_es.errors import (
     RunNotFoundError,
 )
 from little_es.events import (
-    ErrorInfo,
     ModelCalled,
     ModelResponded,
     ParallelBranchScheduled,
@@ -55,9 +54,9 @@ from little_es.events import (
     ToolCallStarted,
     ToolCallSucceeded,
 )
-from little_es.harness.messages import Message, ModelResponse, ToolCall, Usage
 from little_es.ids import run_stream_id, session_stream_id
 from little_es.materialize import materialize_run_state
+from little_es.values import ArtifactRef, ErrorInfo, Message, ModelResponse, ToolCall, Usage
 from little_es.world import LittleApplication, World, postgres_world
 
 if TYPE_CHECKING:

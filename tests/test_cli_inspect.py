@@ -69,7 +69,7 @@ def test_report_totals_without_unpriced_calls(url: str) -> None:
 
 
 def test_cost_text() -> None:
-    from little_es.materialize import UsageTotals
+    from little_es.values import UsageTotals
 
     assert cost_text(UsageTotals()) == "$0.000000"
     assert cost_text(UsageTotals(cost_usd=None, unpriced_calls=2, calls=2)) == "-"

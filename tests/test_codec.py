@@ -27,8 +27,8 @@ from little_es.events import (
     ToolCallStarted,
     registered_wire_names,
 )
-from little_es.harness.messages import Message, ModelResponse, Usage
 from little_es.ids import run_stream_id, session_stream_id
+from little_es.values import Message, ModelResponse, Usage
 from little_es.world import World
 
 if TYPE_CHECKING:

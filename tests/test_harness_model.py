@@ -7,14 +7,8 @@ import asyncio
 import pytest
 
 from little_es.errors import ModelError
-from little_es.harness.messages import (
-    Message,
-    ModelRequest,
-    ModelResponse,
-    ToolCall,
-    Usage,
-)
 from little_es.harness.model import Model, ModelConfigError, ScriptedModel, ScriptedReply
+from little_es.values import Message, ModelRequest, ModelResponse, ToolCall, Usage
 
 
 def _request(*assistant_turns: str) -> ModelRequest:

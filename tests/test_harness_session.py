@@ -29,7 +29,6 @@ from little_es.harness.manifest import (
     assert_session_manifest_consistent,
     compute_manifest,
 )
-from little_es.harness.messages import ModelRequest, ToolCall, Usage
 from little_es.harness.model import ScriptedModel, ScriptedReply
 from little_es.harness.session import (
     ConversationDivergedError,
@@ -40,6 +39,7 @@ from little_es.harness.session import (
 )
 from little_es.harness.tools import Tool, ToolContext, tool
 from little_es.ids import session_stream_id
+from little_es.values import ModelRequest, ToolCall, Usage
 from little_es.world import World, local_world, memory_world
 
 RUN = "run_session_test"

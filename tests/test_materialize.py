@@ -12,17 +12,16 @@ from collections.abc import Sequence
 
 import pytest
 
-from little_es.harness.messages import Usage
 from little_es.materialize import (
     MaterializedRunState,
     RunFold,
-    UsageTotals,
     apply,
     materialize_run_state,
     visit_counter,
 )
 from little_es.pricing import price_usage
 from little_es.replay import replay_run
+from little_es.values import Usage, UsageTotals
 from little_es.world import World, memory_world
 from tests._logs import Call, RunWriter, priced, unpriced
 

@@ -23,7 +23,6 @@ from little_es.events import (
     ToolCallStarted,
     ToolCallSucceeded,
 )
-from little_es.harness.messages import JSONValue, ModelRequest, ToolCall, Usage
 from little_es.harness.model import ScriptedModel, ScriptedReply
 from little_es.harness.session import run_agent_session
 from little_es.harness.tools import Tool, ToolContext
@@ -39,6 +38,7 @@ from little_es.orchestrator import (
 )
 from little_es.pricing import register_model_price, unregister_model_price
 from little_es.replay import replay_run
+from little_es.values import JSONValue, ModelRequest, ToolCall, Usage
 from little_es.workflow.authoring import Workflow, agent, task
 from little_es.workflow.context import StepContext
 from little_es.workflow.ir import RetryPolicy
@@ -480,7 +480,7 @@ async def test_a_run_without_sub_runs_prints_no_sub_run_table(world: World) -> N
 
 
 def test_sum_usage_keeps_unpriced_apart_from_zero() -> None:
-    from little_es.materialize import UsageTotals
+    from little_es.values import UsageTotals
 
     unpriced = UsageTotals(input_tokens=5, cost_usd=None, unpriced_calls=1, calls=1)
     priced = UsageTotals(input_tokens=7, cost_usd=0.5, calls=1)

@@ -22,7 +22,6 @@ from genai_prices.types import ModelPrice, TieredPrices
 from genai_prices.types import Usage as GenaiUsage
 
 from little_es.errors import LittleEsError
-from little_es.harness.messages import Usage
 from little_es.pricing import (
     ModelInfo,
     PricingError,
@@ -31,6 +30,7 @@ from little_es.pricing import (
     register_model_price,
     unregister_model_price,
 )
+from little_es.values import Usage
 
 _REPO = Path(__file__).resolve().parents[1]
 
@@ -394,7 +394,7 @@ def test_import_and_first_lookup_need_no_network() -> None:
         socket.getaddrinfo = refuse
 
         import threading
-        from little_es.harness.messages import Usage
+        from little_es.values import Usage
         from little_es.pricing import price_usage
 
         cost = price_usage("anthropic", "claude-sonnet-4-5", Usage(input_tokens=1000))

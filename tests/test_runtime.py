@@ -23,7 +23,7 @@ import orjson
 import pytest
 from conftest import WorldSpec
 
-from little_es.artifacts import ArtifactRef, MemoryArtifactStore
+from little_es.artifacts import MemoryArtifactStore
 from little_es.durability import OUTPUT_INLINE_LIMIT
 from little_es.errors import (
     ArtifactMismatchError,
@@ -45,6 +45,7 @@ from little_es.events import (
 from little_es.harness.model import ScriptedModel, ScriptedReply
 from little_es.integrity import RunInputMismatchError
 from little_es.materialize import materialize_run_state
+from little_es.values import ArtifactRef
 from little_es.workflow.authoring import (
     Workflow,
     agent,

@@ -38,7 +38,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from little_es.artifacts import ArtifactRef
 from little_es.domain import Run
 from little_es.durability import RunRecorder, encode_output, normalize_output, read_output
 from little_es.errors import (
@@ -47,8 +46,7 @@ from little_es.errors import (
     RuntimeIntegrityError,
     WorkflowDefinitionError,
 )
-from little_es.events import ErrorInfo, StepFailed
-from little_es.harness.messages import JSONValue
+from little_es.events import StepFailed
 from little_es.ids import run_stream_id, session_stream_id, validate_run_id
 from little_es.integrity import (
     assert_completed_parallel_replay_matches_input,
@@ -56,6 +54,7 @@ from little_es.integrity import (
 )
 from little_es.logging import get_logger
 from little_es.materialize import RunFold, StepFold
+from little_es.values import ArtifactRef, ErrorInfo, JSONValue
 from little_es.workflow.authoring import (
     AgentStep,
     DecisionStep,

@@ -38,8 +38,8 @@ from temporalio.exceptions import ApplicationError
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
 
 from little_es.errors import ConcurrentRunError
-from little_es.events import ErrorInfo
 from little_es.logging import get_logger
+from little_es.values import ErrorInfo
 from little_es.workflow.authoring import SubworkflowStep
 from little_es.world import World
 from little_es_temporal.activities import (

@@ -38,7 +38,7 @@ from temporalio.common import RetryPolicy as TemporalRetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
-    from little_es.events import ErrorInfo
+    from little_es.values import ErrorInfo
     from little_es.workflow.ir import END, RetryPolicy, StepIR, WorkflowIR
     from little_es.workflow.paths import step_path as make_step_path
     from little_es.workflow.runtime import VisitLimitError

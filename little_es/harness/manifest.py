@@ -25,11 +25,11 @@ from pydantic import ValidationError
 
 from little_es.errors import CapabilityDriftError, LittleEsError, RuntimeIntegrityError
 from little_es.events import SessionStarted
-from little_es.harness.messages import JSONValue
 from little_es.harness.model import Model
 from little_es.harness.tools import Tool, resolve_tools
 from little_es.ids import session_stream_id
 from little_es.materialize import RunFold
+from little_es.values import JSONValue
 from little_es.workflow.ir import AgentSpecIR, AgentToolIR, canonical_json
 from little_es.world import World
 

@@ -15,7 +15,7 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from little_es.errors import LittleEsError, ModelError
-from little_es.harness.messages import ModelRequest, ModelResponse, ToolCall, Usage
+from little_es.values import ModelRequest, ModelResponse, ToolCall, Usage
 
 __all__ = [
     "Model",

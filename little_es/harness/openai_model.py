@@ -23,15 +23,8 @@ except ImportError as _exc:  # pragma: no cover - depends on the installed extra
     ) from _exc
 
 from little_es.errors import ModelError
-from little_es.harness.messages import (
-    JSONValue,
-    Message,
-    ModelRequest,
-    ModelResponse,
-    ToolSpec,
-    Usage,
-)
 from little_es.harness.model import ModelConfigError
+from little_es.values import JSONValue, Message, ModelRequest, ModelResponse, ToolSpec, Usage
 
 __all__ = ["OpenAIChatModel"]
 

@@ -60,7 +60,6 @@ from pydantic import BaseModel, ConfigDict
 from little_es.domain import HarnessSession
 from little_es.errors import RuntimeIntegrityError, StepExecutionError, ToolError
 from little_es.events import (
-    ErrorInfo,
     ModelCalled,
     ModelResponded,
     SessionCompleted,
@@ -70,7 +69,12 @@ from little_es.events import (
     ToolCallSucceeded,
 )
 from little_es.harness.manifest import SessionInputError, check_manifest, compute_manifest
-from little_es.harness.messages import (
+from little_es.harness.model import Model
+from little_es.harness.tools import Tool, ToolContext, resolve_tools
+from little_es.ids import session_stream_id, validate_run_id
+from little_es.logging import get_logger
+from little_es.values import (
+    ErrorInfo,
     JSONValue,
     Message,
     ModelRequest,
@@ -78,10 +82,6 @@ from little_es.harness.messages import (
     ToolCall,
     Usage,
 )
-from little_es.harness.model import Model
-from little_es.harness.tools import Tool, ToolContext, resolve_tools
-from little_es.ids import session_stream_id, validate_run_id
-from little_es.logging import get_logger
 from little_es.world import World
 
 __all__ = [

@@ -20,7 +20,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from little_es.errors import ToolError
-from little_es.harness.messages import JSONValue, ToolSpec
+from little_es.values import JSONValue, ToolSpec
 
 __all__ = [
     "Tool",

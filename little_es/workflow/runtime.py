@@ -32,7 +32,7 @@ from typing import Any
 from little_es._frozen import FrozenDict, freeze
 from little_es.durability import RunRecorder, encode_output, normalize_output, read_output
 from little_es.errors import LittleEsError, StepExecutionError, WorkflowDefinitionError
-from little_es.events import ErrorInfo, Event
+from little_es.events import Event
 from little_es.ids import new_run_id, session_stream_id, validate_run_id
 from little_es.integrity import (
     assert_completed_parallel_replay_matches_input,
@@ -40,6 +40,7 @@ from little_es.integrity import (
 )
 from little_es.logging import get_logger
 from little_es.materialize import MaterializedRunState, RunFold, StepFold
+from little_es.values import ErrorInfo
 from little_es.workflow.authoring import (
     AgentStep,
     BranchStep,

@@ -1,12 +1,15 @@
-"""Value objects a harness session exchanges with a model.
+"""The value types: what events, the reducer, models and tools exchange.
 
-They are frozen pydantic models because they travel inside recorded events:
-what the model saw and said must read back exactly as it was written.
+This module sits at the bottom of little_es and imports nothing from it, so
+every layer above (events, the reducer, the harness, both engines) can use
+these types without pulling anything else in. They are frozen pydantic models
+because they travel inside recorded events: what was written must read back
+exactly as it was.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import ErrorDetails
@@ -137,3 +140,64 @@ class ModelResponse(_Frozen):
     def as_message(self) -> Message:
         """The assistant message this response adds to the conversation."""
         return Message(role="assistant", content=self.content, tool_calls=self.tool_calls)
+
+
+# ------------------------------------------------------------------ records
+
+
+class ArtifactRef(BaseModel):
+    """The manifest of one stored artifact, as recorded in events."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    artifact_id: str = Field(description="sha256:<hex>, the content address of the bytes.")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(ge=0)
+    media_type: str = "application/octet-stream"
+    run_id: str
+    step_path: str
+
+
+class ErrorInfo(BaseModel):
+    """A recorded failure: exception type, message, and whether a retry can help."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: str
+    message: str
+    retryable: bool = True
+
+    @classmethod
+    def from_exception(cls, exc: BaseException, *, retryable: bool | None = None) -> ErrorInfo:
+        """Describe ``exc``; ``retryable`` defaults to the exception's own flag or True."""
+        flag = getattr(exc, "retryable", True) if retryable is None else retryable
+        return cls(type=type(exc).__qualname__, message=str(exc), retryable=bool(flag))
+
+
+# ------------------------------------------------------------------ totals
+
+
+class UsageTotals(BaseModel):
+    """Token and dollar totals of a scope (a step, or the whole run)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost_usd: float | None = 0.0
+    """USD over the priced calls; None only when there were calls and none was priced."""
+    unpriced_calls: int = 0
+    calls: int = 0
+
+
+class Pricer(Protocol):
+    """Prices one model call: USD for ``usage`` of ``model_id`` at ``provider``, or None.
+
+    None means the model has no known price (the call counts as unpriced).
+    The reducer is handed one rather than looking prices up itself, so the
+    same fold gives the same dollars wherever the pricer comes from.
+    """
+
+    def __call__(self, provider: str, model_id: str, usage: Usage) -> float | None: ...
