@@ -51,6 +51,7 @@ from little_es.events import (
     ToolCallSucceeded,
 )
 from little_es.materialize import COUNTED_ONLY, materialize_run_state
+from little_es.pricing import price_usage
 from little_es.replay import replay_run
 from little_es.values import Message, ModelResponse, ToolCall, Usage
 from little_es.world import RUN_SNAPSHOT_INTERVAL, World, _merge_by_timestamp, local_world
@@ -69,7 +70,7 @@ def build(world: World, events: int, steps: int) -> int:
     """
     # A ClassVar of the application, overridden on this instance only.
     setattr(world.app, "snapshotting_intervals", {Run: RUN_SNAPSHOT_INTERVAL})  # noqa: B010
-    run = Run(RUN_ID)
+    run = Run(RUN_ID, price_usage)
     run.trigger(
         RunStarted,
         run_id=RUN_ID,
@@ -210,7 +211,7 @@ def stages(world: World, streams: list[UUID], repeat: int) -> dict[str, float]:
             t = clock("decode + validate the folded rows", t)
             log = _merge_by_timestamp(decoded)
             t = clock("merge streams", t)
-            materialize_run_state(log)
+            materialize_run_state(log, pricer=price_usage)
             clock("fold + freeze (reducer)", t)
             del rows, decoded, log
     finally:

@@ -46,6 +46,7 @@ from bench_storage import (
 from little_es.domain import HarnessSession, Run
 from little_es.events import RunStarted, StepCompleted, StepStarted
 from little_es.ids import run_stream_id
+from little_es.pricing import price_usage
 from little_es.world import LittleApplication, World
 
 RUN_ID = "run_bench_snapshots"
@@ -93,7 +94,7 @@ def _write_session(world: World, events: int, batch: int) -> HarnessSession:
 
 
 def _write_run(world: World, events: int, batch: int) -> Run:
-    run = Run(RUN_ID)
+    run = Run(RUN_ID, price_usage)
     run.trigger(RunStarted, run_id=RUN_ID, workflow_id="bench", workflow_version="1", ir_hash="0")
     world.save(run)
     count = 1

@@ -40,7 +40,7 @@ from little_es.events import (
 )
 from little_es.ids import outer_loop_stream_id, run_stream_id, session_stream_id
 from little_es.materialize import MaterializedRunState, RunFold, apply
-from little_es.values import is_usage_cost_error, usage_cost_message
+from little_es.values import Pricer, is_usage_cost_error, usage_cost_message
 
 E = TypeVar("E", bound=Event)
 
@@ -131,11 +131,16 @@ class Aggregate:
     @classmethod
     def from_events(cls, id: UUID, events: Iterable[Event]) -> Self:
         """Reconstruct from a stream (optionally starting with a snapshot)."""
+        aggregate = cls._blank(id)
+        for event in events:
+            aggregate.mutate(event)
+        return aggregate
+
+    @classmethod
+    def _blank(cls, id: UUID) -> Self:
         aggregate = cls.__new__(cls)
         Aggregate.__init__(aggregate, id)
         aggregate._init_state()
-        for event in events:
-            aggregate.mutate(event)
         return aggregate
 
     def _init_state(self) -> None:
@@ -153,18 +158,33 @@ class Aggregate:
 
 
 class Run(Aggregate):
-    """One run of a workflow. Its state is the reducer's fold of its own stream."""
+    """One run of a workflow. Its state is the reducer's fold of its own stream.
+
+    The fold prices model calls with ``pricer``, which the world that loads or
+    starts the run hands in (the reducer has no prices of its own).
+    """
 
     type_name = "Run"
     event_base = RunEvent
 
-    def __init__(self, run_id: str) -> None:
+    def __init__(self, run_id: str, pricer: Pricer) -> None:
         super().__init__(run_stream_id(run_id))
-        self._init_state()
+        self.fold = RunFold(pricer)
         self.fold.run_id = run_id
 
-    def _init_state(self) -> None:
-        self.fold = RunFold()
+    @classmethod
+    def from_stream(cls, stream_id: UUID, events: Iterable[Event], pricer: Pricer) -> Run:
+        """Reconstruct a run from its stream (optionally starting with a snapshot)."""
+        run = cls.__new__(cls)
+        Aggregate.__init__(run, stream_id)
+        run.fold = RunFold(pricer)
+        for event in events:
+            run.mutate(event)
+        return run
+
+    @classmethod
+    def _blank(cls, id: UUID) -> Self:
+        raise TypeError("a Run folds with a pricer: use Run.from_stream(stream_id, events, pricer)")
 
     @property
     def run_id(self) -> str | None:
@@ -181,7 +201,7 @@ class Run(Aggregate):
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue the fold from a snapshot's materialized state."""
-        self.fold = RunFold.from_state(MaterializedRunState.model_validate(state))
+        self.fold = RunFold.from_state(MaterializedRunState.model_validate(state), self.fold.pricer)
 
 
 class HarnessSession(Aggregate):

@@ -150,7 +150,7 @@ class RunRecorder:
         observer: Callable[[Event], None] | None = None,
     ) -> RunRecorder:
         """Commit ``RunStarted`` for a new run."""
-        recorder = cls(world, Run(run_id), observer=observer)
+        recorder = cls(world, Run(run_id, world.pricer), observer=observer)
         recorder._commit(
             RunStarted,
             run_id=run_id,

@@ -13,7 +13,9 @@ however long the run is; :meth:`RunFold.freeze` returns the immutable
 Cost rules (the only place a dollar figure is produced):
 
 * each ``harness.model.responded`` is priced from its provider, model and token
-  counts through :func:`little_es.pricing.price_usage`;
+  counts by the :class:`~little_es.values.Pricer` the fold was given (a world
+  gives :func:`little_es.pricing.price_usage`); the reducer looks up no price
+  itself, so what a fold computes depends on its events and its pricer only;
 * a call whose model has no price adds nothing to ``cost_usd`` and one to
   ``unpriced_calls``; a scope's ``cost_usd`` is ``None`` only when it has calls
   and every one of them was unpriced; with no calls it is a true ``0.0``;
@@ -51,8 +53,7 @@ from little_es.events import (
     ToolCallStarted,
     ToolCallSucceeded,
 )
-from little_es.pricing import price_usage
-from little_es.values import ArtifactRef, ErrorInfo, JSONValue, Usage, UsageTotals
+from little_es.values import ArtifactRef, ErrorInfo, JSONValue, Pricer, Usage, UsageTotals
 from little_es.workflow.paths import InvalidStepPathError, visit_key
 
 StepStatus = Literal["pending", "running", "completed", "failed"]
@@ -223,8 +224,12 @@ class StepFold:
 
 @dataclass(slots=True)
 class RunFold:
-    """The reducer's working state. Mutated in place by :func:`apply`; see :meth:`freeze`."""
+    """The reducer's working state. Mutated in place by :func:`apply`; see :meth:`freeze`.
 
+    ``pricer`` prices each model call as it is folded.
+    """
+
+    pricer: Pricer
     run_id: str | None = None
     workflow_id: str | None = None
     workflow_version: str | None = None
@@ -249,9 +254,10 @@ class RunFold:
     event_count: int = 0
 
     @classmethod
-    def from_state(cls, state: MaterializedRunState) -> RunFold:
+    def from_state(cls, state: MaterializedRunState, pricer: Pricer) -> RunFold:
         """A fold that continues from a materialized state (a snapshot)."""
         fold = cls(
+            pricer=pricer,
             run_id=state.run_id,
             workflow_id=state.workflow_id,
             workflow_version=state.workflow_version,
@@ -359,7 +365,7 @@ def apply(state: RunFold, event: Event) -> RunFold:
         case ModelResponded():
             # Priced once, here: the one place a dollar figure is produced.
             r = event.response
-            cost = price_usage(r.provider, r.model, r.usage)
+            cost = state.pricer(r.provider, r.model, r.usage)
             state.usage.add(r.usage, cost)
             path = event.step_path or state.session_steps.get(event.originator_id)
             if path is not None and path in state.steps:
@@ -426,7 +432,9 @@ def apply(state: RunFold, event: Event) -> RunFold:
     return state
 
 
-def materialize_run_state(events: Iterable[Event], *, skipped: int = 0) -> MaterializedRunState:
+def materialize_run_state(
+    events: Iterable[Event], *, pricer: Pricer, skipped: int = 0
+) -> MaterializedRunState:
     """Fold a run's log (its ``Run`` stream and its harness sessions) into its state.
 
     ``skipped`` counts events of the log the caller left out because this
@@ -434,7 +442,7 @@ def materialize_run_state(events: Iterable[Event], *, skipped: int = 0) -> Mater
     last event of its stream, whose timestamp may be the run's ``updated_at``):
     the state is the same as if they had been folded.
     """
-    state = RunFold()
+    state = RunFold(pricer)
     for event in events:
         apply(state, event)
     state.event_count += skipped

@@ -529,7 +529,10 @@ class RunsProjection(Projection[RunsView]):
             fold = folds.get(run_id)
             if fold is None:
                 stored = self.view.load_state(run_id)
-                fold = folds[run_id] = RunFold() if stored is None else RunFold.from_state(stored)
+                pricer = self.world.pricer
+                fold = folds[run_id] = (
+                    RunFold(pricer) if stored is None else RunFold.from_state(stored, pricer)
+                )
             apply(fold, event)
             if isinstance(event, StepStarted) and event.session_id is not None:
                 owners[event.session_id] = new_owners[event.session_id] = run_id

@@ -52,7 +52,9 @@ from little_es.events import Event, RunEvent, Snapshot, StepStarted
 from little_es.ids import outer_loop_stream_id, run_stream_id, validate_run_id
 from little_es.leases import FileRunLeases, MemoryRunLeases, PostgresRunLeases, RunLeases
 from little_es.materialize import MaterializedRunState, materialize_run_state
+from little_es.pricing import price_usage
 from little_es.sqlite import SYNCHRONOUS_ENV, LittleSQLiteFactory, Synchronous
+from little_es.values import Pricer
 
 WORLD_ENV_VAR = "LITTLE_ES_WORLD"
 DEFAULT_DATA_DIR = ".little-workflow"
@@ -84,6 +86,17 @@ def _projector(cls: type[A]) -> Any:
     return project
 
 
+def _run_projector(pricer: Callable[[], Pricer]) -> Any:
+    def project(run: Run | None, events: Any) -> Run | None:
+        for event in events:
+            if run is None:
+                run = Run.from_stream(event.originator_id, (), pricer())
+            run.mutate(event)
+        return run
+
+    return project
+
+
 class LittleApplication(Application[UUID]):
     """The eventsourcing Application behind every world (pydantic mapper, orjson bytes)."""
 
@@ -98,10 +111,11 @@ class LittleApplication(Application[UUID]):
     snapshotting_intervals: ClassVar[dict[type[Any], int]] = {Run: RUN_SNAPSHOT_INTERVAL}
     """First snapshot version per aggregate class; later ones double it (World.save)."""
     snapshotting_projectors: ClassVar[dict[type[Any], Any]] = {
-        Run: _projector(Run),
+        Run: _run_projector(lambda: price_usage),
         HarnessSession: _projector(HarnessSession),
         OuterLoop: _projector(OuterLoop),
     }
+    """eventsourcing's own snapshotting reads these; a world loads runs with its own pricer."""
 
 
 @contextmanager
@@ -216,6 +230,8 @@ class RunLog(NamedTuple):
     """The decoded events, merged by timestamp as :meth:`World.read_run_log` orders them."""
     skipped: int
     """How many events were left undecoded."""
+    pricer: Pricer
+    """The pricer of the world that read it."""
 
     def materialize(self) -> MaterializedRunState:
         """The run's state: the decoded events folded, the skipped ones counted.
@@ -223,7 +239,7 @@ class RunLog(NamedTuple):
         Equal to the fold of the whole log when the skipped events are of
         classes the reducer only counts (:data:`~little_es.materialize.COUNTED_ONLY`).
         """
-        return materialize_run_state(self.events, skipped=self.skipped)
+        return materialize_run_state(self.events, pricer=self.pricer, skipped=self.skipped)
 
 
 def _merge_by_timestamp(streams: list[list[Event]]) -> list[Event]:
@@ -242,9 +258,18 @@ class World:
     """Runs' event logs and artifacts in one place. Use as a context manager to close it."""
 
     def __init__(
-        self, app: LittleApplication, artifacts: ArtifactStore, leases: RunLeases, name: str
+        self,
+        app: LittleApplication,
+        artifacts: ArtifactStore,
+        leases: RunLeases,
+        name: str,
+        *,
+        pricer: Pricer = price_usage,
     ) -> None:
         self.app = app
+        self.pricer = pricer
+        """Prices the model calls of every run this world folds (loads, replays, projects)."""
+        self._projectors = {**app.snapshotting_projectors, Run: _run_projector(lambda: self.pricer)}
         self.artifacts = artifacts
         self.leases = leases
         self.name = name
@@ -398,7 +423,7 @@ class World:
                     skipped += n
             except EventLogError as exc:
                 raise type(exc)(f"run {run_id!r} in world {self.name}: {exc}") from exc
-            return RunLog(_merge_by_timestamp(streams), skipped)
+            return RunLog(_merge_by_timestamp(streams), skipped, self.pricer)
 
     def load_run(self, run_id: str) -> Run:
         """The ``Run`` aggregate (from its latest snapshot and later events)."""
@@ -418,9 +443,7 @@ class World:
     def _load(self, cls: type[A], stream_id: UUID) -> A | None:
         try:
             with gc_paused():
-                found = self.app.repository.get(
-                    stream_id, projector_func=self.app.snapshotting_projectors[cls]
-                )
+                found = self.app.repository.get(stream_id, projector_func=self._projectors[cls])
         except AggregateNotFoundError:
             return None
         assert isinstance(found, cls)

@@ -34,6 +34,7 @@ from little_es.events import (
     ToolCallStarted,
     ToolCallSucceeded,
 )
+from little_es.pricing import price_usage
 from little_es.values import ArtifactRef, ErrorInfo, Message, ModelResponse, ToolCall, Usage
 from little_es.world import World
 
@@ -99,7 +100,7 @@ class RunWriter:
         self.world = world
         self.run_id = run_id
         self.autosave = autosave
-        self.run = Run(run_id)
+        self.run = Run(run_id, price_usage)
         self.sessions: dict[str, HarnessSession] = {}
         self.run.trigger(
             RunStarted,

@@ -56,6 +56,7 @@ from little_es.events import (
 )
 from little_es.ids import run_stream_id, session_stream_id
 from little_es.materialize import materialize_run_state
+from little_es.pricing import price_usage
 from little_es.values import ArtifactRef, ErrorInfo, Message, ModelResponse, ToolCall, Usage
 from little_es.world import LittleApplication, World, postgres_world
 
@@ -68,7 +69,7 @@ _REPO = Path(__file__).resolve().parents[1]
 
 
 def _start_run(run_id: str, *, parent_run_id: str | None = None) -> Run:
-    run = Run(run_id)
+    run = Run(run_id, price_usage)
     run.trigger(
         RunStarted,
         run_id=run_id,
@@ -499,7 +500,7 @@ def test_snapshots_are_written_and_loads_equal_a_full_fold(
 
     assert loaded_run.version == len(run_events)
     assert loaded_run.run_id == "run_snap"
-    assert loaded_run.fold.freeze() == materialize_run_state(run_events)
+    assert loaded_run.fold.freeze() == materialize_run_state(run_events, pricer=price_usage)
     assert loaded_run.fold.freeze() == run.fold.freeze()
     folded_session = HarnessSession.from_events(session.id, session_events)
     assert _session_view(loaded_session) == _session_view(folded_session)
@@ -511,7 +512,7 @@ def test_snapshots_are_written_and_loads_equal_a_full_fold(
     loaded_run.trigger(RunCompleted, output=None)
     world.save(loaded_run, loaded_session)
     assert world.load_run("run_snap").fold.freeze() == materialize_run_state(
-        world.read_stream(run.id)
+        world.read_stream(run.id), pricer=price_usage
     )
     assert _session_view(world.load_session(session.id)) == _session_view(
         HarnessSession.from_events(session.id, world.read_stream(session.id))
@@ -731,7 +732,7 @@ def test_bad_run_ids_are_refused_by_every_entry_point(world: World, bad: str) ->
         lambda: world.record_run_event(bad, StepStarted),
         lambda: world.run_lease(bad).__enter__(),
         lambda: world.artifacts.put(b"x", run_id=bad, step_path="s"),
-        lambda: Run(bad),
+        lambda: Run(bad, price_usage),
         lambda: HarnessSession(bad, "s", 1),
     ]
     for call in calls:

@@ -28,6 +28,7 @@ from little_es.events import (
     event_class_for,
     registered_wire_names,
 )
+from little_es.pricing import price_usage
 from little_es.world import World, local_world
 from tests.conftest import WorldSpec
 
@@ -47,7 +48,7 @@ def test_the_write_ahead_records_are_exactly_the_in_flight_markers() -> None:
 
 
 def _started(world: World, run_id: str) -> Run:
-    run = Run(run_id)
+    run = Run(run_id, price_usage)
     run.trigger(RunStarted, run_id=run_id, workflow_id="w", workflow_version="1", ir_hash="0")
     world.save(run)
     return run
@@ -73,7 +74,7 @@ _FSYNCS_SCRIPT = textwrap.dedent(
 
     data_dir, what, synchronous = sys.argv[1], sys.argv[2], sys.argv[3]
     with local_world(data_dir, synchronous=synchronous) as world:
-        run = Run("run_fsyncs")
+        run = Run("run_fsyncs", world.pricer)
         run.trigger(RunStarted, run_id="run_fsyncs", workflow_id="w", workflow_version="1",
                     ir_hash="0")
         world.save(run)

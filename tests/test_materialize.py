@@ -41,7 +41,32 @@ def _cost(calls: Sequence[Call]) -> float:
 
 
 def _state(world: World, run_id: str) -> MaterializedRunState:
-    return materialize_run_state(world.read_run_log(run_id))
+    return materialize_run_state(world.read_run_log(run_id), pricer=price_usage)
+
+
+# ---------------------------------------------------------------- the pricer
+
+
+def test_the_fold_prices_with_the_pricer_it_is_given_and_nothing_else(mem: World) -> None:
+    w = RunWriter(mem, "run_pricer")
+    w.agent_step("a", [priced(), unpriced()])
+    log = mem.read_run_log("run_pricer")
+    seen: list[tuple[str, str, int]] = []
+
+    def flat(provider: str, model_id: str, usage: Usage) -> float | None:
+        seen.append((provider, model_id, usage.input_tokens))
+        return 0.25
+
+    flat_state = materialize_run_state(log, pricer=flat)
+    assert flat_state.usage.cost_usd == 0.5
+    assert flat_state.usage.unpriced_calls == 0
+    assert len(seen) == 2
+    none_state = materialize_run_state(log, pricer=lambda provider, model_id, usage: None)
+    assert none_state.usage.cost_usd is None
+    assert none_state.usage.unpriced_calls == 2
+    # A world hands its own pricer to every fold it makes: replay and loaded runs alike.
+    mem.pricer = flat
+    assert replay_run(mem, "run_pricer").state.usage.cost_usd == 0.5
 
 
 # ---------------------------------------------------------------- the four cost cases
@@ -201,13 +226,13 @@ def test_fold_continues_from_a_materialized_state(mem: World) -> None:
     w.agent_step("b", [priced(input_tokens=7)], complete=False)
     log = mem.read_run_log("run_resume_fold")
     half = len(log) // 2
-    first = RunFold()
+    first = RunFold(price_usage)
     for event in log[:half]:
         apply(first, event)
-    second = RunFold.from_state(first.freeze())
+    second = RunFold.from_state(first.freeze(), price_usage)
     for event in log[half:]:
         apply(second, event)
-    assert second.freeze() == materialize_run_state(log)
+    assert second.freeze() == materialize_run_state(log, pricer=price_usage)
 
 
 def test_freezing_as_the_fold_goes_equals_freezing_once(mem: World) -> None:
@@ -220,12 +245,12 @@ def test_freezing_as_the_fold_goes_equals_freezing_once(mem: World) -> None:
     w.task_step("b", {"ok": True}, attempt=2)
     w.agent_step("c", [priced()], complete=False)
     log = mem.read_run_log("run_freeze_often")
-    often = RunFold()
+    often = RunFold(price_usage)
     for i, event in enumerate(log):
         apply(often, event)
-        assert often.freeze() == materialize_run_state(log[: i + 1])
-    assert often.freeze() == materialize_run_state(log)
-    resumed = RunFold.from_state(often.freeze())
+        assert often.freeze() == materialize_run_state(log[: i + 1], pricer=price_usage)
+    assert often.freeze() == materialize_run_state(log, pricer=price_usage)
+    resumed = RunFold.from_state(often.freeze(), price_usage)
     assert resumed.freeze() == often.freeze()
 
 

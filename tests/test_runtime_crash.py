@@ -34,6 +34,7 @@ import pytest
 
 from little_es.events import Event, StepCompleted, StepFailed, StepStarted
 from little_es.materialize import materialize_run_state
+from little_es.pricing import price_usage
 from little_es.workflow.runtime import sub_run_id_for
 from little_es.world import local_world
 
@@ -177,7 +178,9 @@ def _observe(world_dir: Path, ledger: Path) -> _Observed:
 def _states(world_dir: Path) -> dict[str, dict[str, Any]]:
     timestamps = {"started_at", "updated_at", "completed_at"}
     return {
-        run_id: materialize_run_state(events).model_dump(mode="json", exclude=timestamps)
+        run_id: materialize_run_state(events, pricer=price_usage).model_dump(
+            mode="json", exclude=timestamps
+        )
         for run_id, events in _logs(world_dir).items()
     }
 
