@@ -45,8 +45,8 @@ from little_es import (
     run_workflow,
     task,
 )
-from little_es.cli import render_report
-from little_es.orchestrator import list_sub_runs, render_tree, start_workflow_tool
+from little_es.orchestrator import list_sub_runs, start_workflow_tool
+from little_es.render import render_report, render_tree
 
 RUN_ID = "run_review_repo"
 FILES = [f"src/module_{i:02d}.py" for i in range(1, 51)]
