@@ -13,10 +13,10 @@ from typing import Any
 import openai
 import pytest
 
+from little_es.contrib.openai import OpenAIChatModel
 from little_es.errors import ModelError
 from little_es.harness.messages import Message, ModelRequest, ToolCall, Usage
 from little_es.harness.model import ModelConfigError
-from little_es.harness.openai_model import OpenAIChatModel
 from little_es.harness.tools import tool
 
 
