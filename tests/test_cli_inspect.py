@@ -14,8 +14,8 @@ from little_es.cli.inspection import replay_json
 from little_es.pricing import price_usage
 from little_es.render import cost_text
 from little_es.replay import replay_run
+from little_es.testing.logs import RunWriter, priced, unpriced
 from little_es.world import World, local_world
-from tests._logs import RunWriter, priced, unpriced
 
 
 @pytest.fixture
