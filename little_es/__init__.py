@@ -77,7 +77,14 @@ from little_es.materialize import (
     apply,
     materialize_run_state,
 )
-from little_es.orchestrator import SubRunFailedError, start_workflow_tool
+from little_es.orchestrator import (
+    RunTree,
+    SubRunFailedError,
+    SubRunSummary,
+    list_sub_runs,
+    run_tree,
+    start_workflow_tool,
+)
 from little_es.pricing import (
     ModelInfo,
     PricingError,
@@ -150,6 +157,7 @@ __all__ = [
     "RunResult",
     "RunStarted",
     "RunSummary",
+    "RunTree",
     "RuntimeIntegrityError",
     "ScriptedModel",
     "ScriptedReply",
@@ -164,6 +172,7 @@ __all__ = [
     "StepState",
     "SubRunFailedError",
     "SubRunReserved",
+    "SubRunSummary",
     "Tool",
     "ToolArgumentsError",
     "ToolCall",
@@ -190,6 +199,7 @@ __all__ = [
     "get_logger",
     "get_model_info_for",
     "list_runs",
+    "list_sub_runs",
     "local_world",
     "materialize_run_state",
     "memory_world",
@@ -202,6 +212,7 @@ __all__ = [
     "replay_run",
     "resolve_tools",
     "run_agent_session",
+    "run_tree",
     "run_workflow",
     "start_workflow_tool",
     "subworkflow",
