@@ -77,3 +77,24 @@ def test_a_kill_by_event_and_a_plain_run(tmp_path: Path) -> None:
             "user_flows:wf", world=url, run_id="run_plain", input={"n": 2}, env=env
         )
     assert fresh.result() == {"output": 7, "steps_executed": 3, "resumed": False}
+
+
+def test_a_target_that_cannot_be_imported_fails_its_run_not_the_runner(tmp_path: Path) -> None:
+    (tmp_path / "user_flows.py").write_text(textwrap.dedent(_FLOW))
+    with CrashRunner(pythonpath=[tmp_path], cwd=tmp_path) as runner:
+        missing = runner.run("no_such_module:main")
+        assert missing.returncode == 1 and not missing.killed
+        assert "No module named 'no_such_module'" in missing.output
+        bad_ref = runner.run_workflow(
+            "user_flows:nope", world=f"sqlite:///{tmp_path / 'w'}", run_id="run_x", input={}
+        )
+        assert bad_ref.returncode == 1
+        assert "is missing, not a Workflow" in bad_ref.output
+        ok = runner.run_workflow(
+            "user_flows:wf",
+            world=f"sqlite:///{tmp_path / 'w'}",
+            run_id="run_x",
+            input={"n": 0},
+            env={"FLOW_LEDGER": str(tmp_path / "ledger")},
+        )
+    assert ok.result()["output"] == 5

@@ -305,7 +305,9 @@ def serve(preload: Sequence[str] = ()) -> int:
     A request is ``{"target": "module:function", "argv": [...], "env": {...},
     "output": path}``; the reply ``{"pid": ..., "returncode": ...}``. The
     target's module is imported here, before the fork, so later children
-    start with it. Returns 0 at the end of the input.
+    start with it; a target that cannot be imported is answered with
+    ``{"pid": 0, "returncode": 1}`` and its traceback in the output file.
+    Returns 0 at the end of the input.
     """
     for name in preload:
         importlib.import_module(name)
@@ -314,7 +316,14 @@ def serve(preload: Sequence[str] = ()) -> int:
         request = orjson.loads(line)
         ref = request["target"]
         if ref not in targets:
-            targets[ref] = _target(ref)
+            try:
+                targets[ref] = _target(ref)
+            except Exception:
+                # A target that cannot be imported fails its request, not the server.
+                Path(request["output"]).write_text(traceback.format_exc())
+                sys.stdout.write(orjson.dumps({"pid": 0, "returncode": 1}).decode() + "\n")
+                sys.stdout.flush()
+                continue
         sys.stdout.flush()
         pid = os.fork()
         if pid == 0:
