@@ -41,16 +41,27 @@ from typing import Any
 
 import orjson
 
-from little_es.domain import HarnessSession
-from little_es.events import ToolCallStarted
-from little_es.harness.model import ScriptedModel, ScriptedReply
-from little_es.harness.session import run_agent_session
-from little_es.harness.tools import Tool, ToolContext, tool
+from little_es import (
+    HarnessSession,
+    Message,
+    ModelRequest,
+    ScriptedModel,
+    ScriptedReply,
+    Tool,
+    ToolCall,
+    ToolCallStarted,
+    ToolContext,
+    Usage,
+    World,
+    configure_logging,
+    local_world,
+    memory_world,
+    postgres_world,
+    run_agent_session,
+    tool,
+)
 from little_es.ids import session_stream_id
-from little_es.logging import configure_logging
 from little_es.sqlite import Synchronous
-from little_es.values import Message, ModelRequest, ToolCall, Usage
-from little_es.world import World, local_world, memory_world, postgres_world
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 STEP = "agent"

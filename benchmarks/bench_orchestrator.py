@@ -40,16 +40,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-from little_es.events import ToolCallSucceeded
-from little_es.harness.model import ScriptedModel, ScriptedReply
+from little_es import (
+    ModelRequest,
+    ScriptedModel,
+    ScriptedReply,
+    StepContext,
+    ToolCall,
+    ToolCallSucceeded,
+    Usage,
+    Workflow,
+    agent,
+    configure_logging,
+    local_world,
+    run_workflow,
+    start_workflow_tool,
+    task,
+)
 from little_es.ids import session_stream_id
-from little_es.logging import configure_logging
-from little_es.orchestrator import start_workflow_tool
-from little_es.values import ModelRequest, ToolCall, Usage
-from little_es.workflow.authoring import Workflow, agent, task
-from little_es.workflow.context import StepContext
-from little_es.workflow.runtime import run_workflow
-from little_es.world import local_world
 
 RUN_ID = "run_bench_orchestrator"
 STEP = "fan_out"

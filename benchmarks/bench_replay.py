@@ -36,25 +36,32 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from little_es.codec import PydanticMapper
-from little_es.domain import HarnessSession, Run
-from little_es.events import (
+from little_es import (
+    HarnessSession,
+    Message,
     ModelCalled,
     ModelResponded,
+    ModelResponse,
+    Run,
     RunCompleted,
     RunStarted,
     SessionCompleted,
     SessionStarted,
     StepCompleted,
     StepStarted,
+    ToolCall,
     ToolCallStarted,
     ToolCallSucceeded,
+    Usage,
+    World,
+    local_world,
+    materialize_run_state,
+    replay_run,
 )
-from little_es.materialize import COUNTED_ONLY, materialize_run_state
+from little_es.codec import PydanticMapper
+from little_es.materialize import COUNTED_ONLY
 from little_es.pricing import price_usage
-from little_es.replay import replay_run
-from little_es.values import Message, ModelResponse, ToolCall, Usage
-from little_es.world import RUN_SNAPSHOT_INTERVAL, World, _merge_by_timestamp, local_world
+from little_es.world import RUN_SNAPSHOT_INTERVAL, merge_by_timestamp
 
 RUN_ID = "run_bench_replay"
 _BATCH = 2000
@@ -209,7 +216,7 @@ def stages(world: World, streams: list[UUID], repeat: int) -> dict[str, float]:
                 for s, stream_rows in zip(streams, rows, strict=True)
             ]
             t = clock("decode + validate the folded rows", t)
-            log = _merge_by_timestamp(decoded)
+            log = merge_by_timestamp(decoded)
             t = clock("merge streams", t)
             materialize_run_state(log, pricer=price_usage)
             clock("fold + freeze (reducer)", t)

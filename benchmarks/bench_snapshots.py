@@ -43,11 +43,17 @@ from bench_storage import (
     open_session,
 )
 
-from little_es.domain import HarnessSession, Run
-from little_es.events import RunStarted, StepCompleted, StepStarted
+from little_es import (
+    HarnessSession,
+    Run,
+    RunStarted,
+    StepCompleted,
+    StepStarted,
+    World,
+)
 from little_es.ids import run_stream_id
 from little_es.pricing import price_usage
-from little_es.world import LittleApplication, World
+from little_es.world import LittleApplication
 
 RUN_ID = "run_bench_snapshots"
 

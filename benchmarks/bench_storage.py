@@ -48,16 +48,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psycopg
 from psycopg import sql
 
-from little_es.domain import HarnessSession
-from little_es.events import (
+from little_es import (
+    HarnessSession,
+    Message,
     ModelCalled,
     ModelResponded,
+    ModelResponse,
     SessionStarted,
+    ToolCall,
     ToolCallStarted,
     ToolCallSucceeded,
+    Usage,
+    World,
+    local_world,
+    postgres_world,
 )
-from little_es.values import Message, ModelResponse, ToolCall, Usage
-from little_es.world import LittleApplication, World, local_world, postgres_world
+from little_es.world import LittleApplication
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 RUN_ID = "run_bench_storage"

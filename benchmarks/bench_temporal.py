@@ -43,11 +43,15 @@ from temporalio.worker.workflow_sandbox import (  # noqa: E402
     SandboxRestrictions,
 )
 
+from little_es import (  # noqa: E402
+    StepContext,
+    Workflow,
+    World,
+    configure_logging,
+    local_world,
+    task,
+)
 from little_es.durability import RunRecorder  # noqa: E402
-from little_es.logging import configure_logging  # noqa: E402
-from little_es.workflow.authoring import Workflow, task  # noqa: E402
-from little_es.workflow.context import StepContext  # noqa: E402
-from little_es.world import World, local_world  # noqa: E402
 
 _work_s = 0.0
 

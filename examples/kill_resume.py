@@ -47,7 +47,7 @@ from little_es import (
     task,
     tool,
 )
-from little_es.cli import render_report
+from little_es.render import render_report
 
 RUN_ID = "run_triage_42"
 LEDGER = "ledger.txt"

@@ -40,13 +40,14 @@ from little_es import (
     Workflow,
     agent,
     configure_logging,
+    list_sub_runs,
     local_world,
     register_model_price,
     run_workflow,
+    start_workflow_tool,
     task,
 )
-from little_es.cli import render_report
-from little_es.orchestrator import list_sub_runs, render_tree, start_workflow_tool
+from little_es.render import render_report, render_tree
 
 RUN_ID = "run_review_repo"
 FILES = [f"src/module_{i:02d}.py" for i in range(1, 51)]

@@ -40,7 +40,7 @@ from little_es import (
     task,
     tool,
 )
-from little_es.cli import render_report
+from little_es.render import render_report
 
 RUN_ID = "run_support_7"
 TASK_QUEUE = "little-es-example"

@@ -61,8 +61,20 @@ from little_es.harness.tools import Tool, ToolArgumentsError, ToolContext, resol
 from little_es.ids import new_run_id, validate_run_id
 from little_es.integrity import RunInputMismatchError
 from little_es.logging import configure_logging, get_logger
-from little_es.materialize import MaterializedRunState, StepState, apply, materialize_run_state
-from little_es.orchestrator import SubRunFailedError, start_workflow_tool
+from little_es.materialize import (
+    MaterializedRunState,
+    StepState,
+    apply,
+    materialize_run_state,
+)
+from little_es.orchestrator import (
+    RunTree,
+    SubRunFailedError,
+    SubRunSummary,
+    list_sub_runs,
+    run_tree,
+    start_workflow_tool,
+)
 from little_es.pricing import (
     ModelInfo,
     PricingError,
@@ -146,6 +158,7 @@ __all__ = [
     "RunResult",
     "RunStarted",
     "RunSummary",
+    "RunTree",
     "RuntimeIntegrityError",
     "ScriptedModel",
     "ScriptedReply",
@@ -160,6 +173,7 @@ __all__ = [
     "StepState",
     "SubRunFailedError",
     "SubRunReserved",
+    "SubRunSummary",
     "Tool",
     "ToolArgumentsError",
     "ToolCall",
@@ -186,6 +200,7 @@ __all__ = [
     "get_logger",
     "get_model_info_for",
     "list_runs",
+    "list_sub_runs",
     "local_world",
     "materialize_run_state",
     "memory_world",
@@ -198,6 +213,7 @@ __all__ = [
     "replay_run",
     "resolve_tools",
     "run_agent_session",
+    "run_tree",
     "run_workflow",
     "start_workflow_tool",
     "subworkflow",

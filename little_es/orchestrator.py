@@ -31,7 +31,7 @@ starts. So a crash can never produce a second sub-run for a call; on resume:
 ``replay_run`` of the orchestrator reads its own streams only. The sub-runs of
 a run are listed by :func:`list_sub_runs` and the whole tree, each node's
 totals from its own materialized state, by :func:`run_tree` (printed by
-:func:`render_sub_runs` and :func:`render_tree`).
+:func:`little_es.render.render_sub_runs` and :func:`little_es.render.render_tree`).
 
 A retry of the orchestrator's step after a recorded failure is a new attempt,
 hence a new harness session, whose calls start new sub-runs; a process that
@@ -45,16 +45,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
-from rich import box
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
-from rich.tree import Tree
 
 from little_es.errors import StepExecutionError
 from little_es.events import SubRunReserved
@@ -73,8 +68,6 @@ __all__ = [
     "SubRunFailedError",
     "SubRunSummary",
     "list_sub_runs",
-    "render_sub_runs",
-    "render_tree",
     "run_tree",
     "start_workflow_tool",
     "sub_run_id_for_call",
@@ -83,8 +76,6 @@ __all__ = [
 
 SUB_RUN_ID_ARG = "sub_run_id"
 """The argument ``start_workflow`` adds to each call before it is recorded."""
-
-_STATUS_STYLE = {"completed": "green", "running": "yellow", "pending": "cyan", "failed": "red"}
 
 
 class SubRunFailedError(StepExecutionError):
@@ -426,108 +417,3 @@ def _tree(
         runs=1 + sum(c.runs for c in children),
         children=tuple(children),
     )
-
-
-def _walk(tree: RunTree) -> Iterator[RunTree]:
-    yield tree
-    for child in tree.children:
-        yield from _walk(child)
-
-
-def _status(status: str) -> str:
-    return f"[{_STATUS_STYLE.get(status, 'white')}]{status}[/]"
-
-
-def _tokens(u: UsageTotals) -> str:
-    return f"{u.input_tokens:,} in / {u.output_tokens:,} out"
-
-
-def render_sub_runs(world: World, run_id: str, console: Console) -> tuple[SubRunSummary, ...]:
-    """Print the table of ``run_id``'s sub-runs (status, steps, tokens, cost); return them.
-
-    Prints nothing for a run without sub-runs, so ``little report`` can call it
-    after :func:`~little_es.cli.render_report` for every run.
-    """
-    from little_es.cli import cost_text  # here: the CLI imports this module
-
-    summaries = list_sub_runs(world, run_id)
-    if not summaries:
-        return summaries
-    table = Table(title=f"sub-runs of [bold]{escape(run_id)}[/]", box=box.SIMPLE_HEAD)
-    table.add_column("sub-run", overflow="fold")
-    table.add_column("workflow", overflow="fold")
-    table.add_column("started by", overflow="fold")
-    table.add_column("status", no_wrap=True)
-    table.add_column("steps", justify="right", no_wrap=True)
-    table.add_column("tokens in/out", justify="right", no_wrap=True)
-    table.add_column("cost (USD)", justify="right", no_wrap=True)
-    for s in summaries:
-        table.add_row(
-            escape(s.sub_run_id),
-            escape(s.workflow_id),
-            escape(s.step_path + (f" call {s.call_id}" if s.call_id else "")),
-            _status(s.status),
-            f"{s.steps_completed}/{s.steps}",
-            f"{s.usage.input_tokens:,}/{s.usage.output_tokens:,}",
-            cost_text(s.usage),
-        )
-    total = sum_usage([s.usage for s in summaries])
-    table.add_section()
-    done = sum(1 for s in summaries if s.status == "completed")
-    table.add_row(
-        f"[bold]{len(summaries)} sub-runs[/]",
-        "",
-        "",
-        f"{done} completed",
-        "",
-        f"{total.input_tokens:,}/{total.output_tokens:,}",
-        cost_text(total),
-        style="bold",
-    )
-    console.print(table)
-    return summaries
-
-
-def render_tree(world: World, run_id: str, console: Console) -> RunTree:
-    """Print ``run_id`` and its sub-runs as a tree, with each run's and the whole tree's totals.
-
-    Each node shows its status, its own tokens and cost and, when it has
-    sub-runs, its subtree's total. Returns the :class:`RunTree`.
-    """
-    from little_es.cli import cost_text  # here: the CLI imports this module
-
-    tree = run_tree(world, run_id)
-
-    def label(node: RunTree) -> str:
-        origin = f" [dim]({escape(node.step_path or '')}" if node.step_path else ""
-        if origin:
-            origin += f" call {escape(node.call_id)})[/]" if node.call_id else ")[/]"
-        text = (
-            f"[bold]{escape(node.run_id)}[/] · {escape(node.workflow_id or '?')} ·"
-            f" {_status(node.status)}{origin} · {_tokens(node.usage)} · {cost_text(node.usage)}"
-        )
-        if node.children:
-            text += (
-                f" · [bold]subtree {node.runs} runs: {_tokens(node.total)} ·"
-                f" {cost_text(node.total)}[/]"
-            )
-        return text
-
-    def add(parent: Tree, node: RunTree) -> None:
-        branch = parent.add(label(node))
-        for child in node.children:
-            add(branch, child)
-
-    root = Tree(label(tree))
-    for child in tree.children:
-        add(root, child)
-    console.print(root)
-    statuses: dict[str, int] = {}
-    for node in _walk(tree):
-        statuses[node.status] = statuses.get(node.status, 0) + 1
-    counts = ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
-    console.print(
-        f"[bold]total[/]: {tree.runs} runs ({counts}) · {_tokens(tree.total)}"
-        f" · {cost_text(tree.total)}"
-    )
-    return tree

@@ -242,7 +242,7 @@ class RunLog(NamedTuple):
         return materialize_run_state(self.events, pricer=self.pricer, skipped=self.skipped)
 
 
-def _merge_by_timestamp(streams: list[list[Event]]) -> list[Event]:
+def merge_by_timestamp(streams: list[list[Event]]) -> list[Event]:
     """Streams (each in version order) merged by timestamp; ties: earlier stream, then version.
 
     ``heapq.merge`` breaks ties by input order and keeps each input's own order,
@@ -423,7 +423,7 @@ class World:
                     skipped += n
             except EventLogError as exc:
                 raise type(exc)(f"run {run_id!r} in world {self.name}: {exc}") from exc
-            return RunLog(_merge_by_timestamp(streams), skipped, self.pricer)
+            return RunLog(merge_by_timestamp(streams), skipped, self.pricer)
 
     def load_run(self, run_id: str) -> Run:
         """The ``Run`` aggregate (from its latest snapshot and later events)."""

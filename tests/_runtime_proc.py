@@ -1,26 +1,19 @@
-"""Subprocess entry point for the runtime's crash and concurrency tests.
+"""The workflows of the runtime's crash and concurrency tests, and the child that drives them.
 
-Run as a script (the tests put the repository root on ``PYTHONPATH``)::
+Run as a script (the tests put the repository root on ``PYTHONPATH``), or as the
+target ``tests._runtime_proc:main`` of a :class:`~little_es.testing.CrashRunner`
+(which forks it from a server that imported everything once)::
 
     python tests/_runtime_proc.py crash --world sqlite:///DIR --ledger FILE
     python tests/_runtime_proc.py slow --world URL --ledger FILE --sleep 1.5 \
         --ready-file R --go-file G
-    python tests/_runtime_proc.py serve
 
-``serve`` is a fork server for tests that start many children: it imports
-everything once, then for each JSON request line on stdin
-(``{"argv": [...], "crash_after": N or null, "output": path}``) forks a child
-process that runs ``main(argv)`` with its stdout and stderr in ``output``, waits
-for it, and answers with a JSON line ``{"pid": ..., "returncode": ...}``
-(negative: killed by that signal, as with :mod:`subprocess`). Each child is a
-real process that starts with nothing but the imported modules, so killing it
-is a real crash; only the ~0.7 s of imports per child is saved.
-
-It runs (or resumes) the run :data:`RUN_ID` of one workflow and prints one line
-``RESULT {"output": ..., "steps_executed": ..., "resumed": ...}``; when another
-process holds the run it prints ``CONCURRENT_RUN_ERROR <message>`` and exits
-with :data:`CONCURRENT_EXIT_CODE`. Set ``LITTLE_ES_CRASH_AFTER_APPENDS=N`` in
-its environment to have it SIGKILLed right after its Nth append.
+It runs (or resumes) the run :data:`RUN_ID` of one workflow and prints its
+outcome in one line (:func:`little_es.testing.crash.drive`): ``RESULT {...}``,
+or, when another process holds the run, ``CONCURRENT_RUN_ERROR <message>`` with
+exit code :data:`~little_es.testing.crash.CONCURRENT_EXIT_CODE`. Set
+``LITTLE_ES_CRASH_AFTER_APPENDS=N`` in its environment to have it SIGKILLed
+right after its Nth append.
 
 Every step function first appends one line ``pid run_id step_path attempt`` to
 the ledger (one ``O_APPEND`` write: it is in the file before the process can be
@@ -38,14 +31,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from little_es.errors import ConcurrentRunError
-from little_es.faults import CRASH_AFTER_APPENDS
+from little_es.testing.crash import drive
 from little_es.workflow.authoring import Workflow, decision, parallel, subworkflow, task
 from little_es.workflow.context import StepContext
 from little_es.workflow.ir import RetryPolicy
-from little_es.workflow.runtime import run_workflow
 from little_es.world import open_world
 
 RUN_ID = "run_proc"
@@ -53,15 +42,6 @@ RUN_ID = "run_proc"
 
 INPUT = {"files": ["a.py", "b.py", "c.py"]}
 """The run input of both workflows."""
-
-CONCURRENT_EXIT_CODE = 3
-"""The exit code when another process holds the run."""
-
-RESULT_PREFIX = "RESULT "
-"""Starts the line that reports a finished run."""
-
-CONCURRENT_MARKER = "CONCURRENT_RUN_ERROR"
-"""Starts the line that reports a refusal because another process holds the run."""
 
 _ledger: Path | None = None
 _sleep_s = 0.0
@@ -189,40 +169,6 @@ def _wait_for(path: Path, timeout_s: float) -> None:
         time.sleep(0.005)
 
 
-def _serve() -> int:
-    """The fork server loop (see the module docstring); returns at end of input."""
-    for line in sys.stdin:
-        request = orjson.loads(line)
-        sys.stdout.flush()
-        pid = os.fork()
-        if pid == 0:  # the child: never return into the server loop
-            code = 1
-            try:
-                os.environ.pop(CRASH_AFTER_APPENDS, None)
-                if request["crash_after"] is not None:
-                    os.environ[CRASH_AFTER_APPENDS] = str(request["crash_after"])
-                fd = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                os.dup2(fd, 1)
-                os.dup2(fd, 2)
-                os.close(fd)
-                code = main(list(request["argv"]))
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else 1
-            except BaseException:
-                import traceback
-
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        reply = {"pid": pid, "returncode": os.waitstatus_to_exitcode(status)}
-        sys.stdout.write(orjson.dumps(reply).decode() + "\n")
-        sys.stdout.flush()
-    return 0
-
-
 def main(argv: list[str]) -> int:
     """Parse ``argv``, drive the run, print the outcome; return the exit code."""
     global _ledger, _sleep_s
@@ -242,21 +188,8 @@ def main(argv: list[str]) -> int:
             args.ready_file.touch()
             assert args.go_file is not None
             _wait_for(args.go_file, 30.0)
-        try:
-            result = asyncio.run(
-                run_workflow(world, _WORKFLOWS[args.workflow], INPUT, run_id=RUN_ID)
-            )
-        except ConcurrentRunError as exc:
-            print(CONCURRENT_MARKER, exc, flush=True)
-            return CONCURRENT_EXIT_CODE
-    summary = {
-        "output": result.output,
-        "steps_executed": result.steps_executed,
-        "resumed": result.resumed,
-    }
-    print(RESULT_PREFIX + orjson.dumps(summary).decode(), flush=True)
-    return 0
+        return drive(world, _WORKFLOWS[args.workflow], INPUT, RUN_ID)
 
 
 if __name__ == "__main__":
-    sys.exit(_serve() if sys.argv[1:] == ["serve"] else main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:]))

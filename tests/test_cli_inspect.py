@@ -9,11 +9,13 @@ import orjson
 import pytest
 from typer.testing import CliRunner, Result
 
-from little_es.cli import app, cost_text, replay_json
+from little_es.cli import app
+from little_es.cli.inspection import replay_json
 from little_es.pricing import price_usage
+from little_es.render import cost_text
 from little_es.replay import replay_run
+from little_es.testing.logs import RunWriter, priced, unpriced
 from little_es.world import World, local_world
-from tests._logs import RunWriter, priced, unpriced
 
 
 @pytest.fixture
@@ -168,5 +170,5 @@ def test_an_unknown_world_scheme_is_one_line_and_exit_1() -> None:
 
 
 def test_commands_of_other_modules_get_the_same_error_handling() -> None:
-    # ``little run`` lives in little_es.cli_run; its errors go through the same group.
+    # ``little run`` lives in little_es.cli.run; its errors go through the same group.
     _assert_one_error_line(_run("run", "not-a-module-reference"), "module:attribute")

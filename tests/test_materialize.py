@@ -21,9 +21,9 @@ from little_es.materialize import (
 )
 from little_es.pricing import price_usage
 from little_es.replay import replay_run
+from little_es.testing.logs import Call, RunWriter, priced, unpriced
 from little_es.values import Usage, UsageTotals
 from little_es.world import World, memory_world
-from tests._logs import Call, RunWriter, priced, unpriced
 
 
 @pytest.fixture

@@ -30,13 +30,12 @@ from little_es.ids import run_stream_id, session_stream_id
 from little_es.orchestrator import (
     RunTree,
     list_sub_runs,
-    render_sub_runs,
-    render_tree,
     start_workflow_tool,
     sub_run_id_for_call,
     sum_usage,
 )
 from little_es.pricing import register_model_price, unregister_model_price
+from little_es.render import render_sub_runs, render_tree
 from little_es.replay import replay_run
 from little_es.values import JSONValue, ModelRequest, ToolCall, Usage
 from little_es.workflow.authoring import Workflow, agent, task

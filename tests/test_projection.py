@@ -14,8 +14,8 @@ from little_es.events import OuterLoopStarted, utc_now
 from little_es.ids import run_stream_id
 from little_es.projections import RunsProjection, RunsProjectionError, RunSummary, list_runs
 from little_es.replay import replay_run
+from little_es.testing.logs import RunWriter, priced, unpriced, write_agent_run
 from little_es.world import World
-from tests._logs import RunWriter, priced, unpriced, write_agent_run
 
 
 def _by_id(world: World) -> dict[str, RunSummary]:

@@ -27,9 +27,9 @@ from little_es.ids import run_stream_id
 from little_es.materialize import materialize_run_state
 from little_es.pricing import price_usage
 from little_es.replay import ReplayPlanStep, ReplayResult, replay_run
+from little_es.testing.logs import RunWriter, priced, unpriced, write_agent_run
 from little_es.values import Usage
 from little_es.world import World
-from tests._logs import RunWriter, priced, unpriced, write_agent_run
 
 # ---------------------------------------------------------------- determinism
 

@@ -1,6 +1,7 @@
 """Kill-and-resume with real processes, at every append of a run.
 
-The child (``tests/_runtime_proc.py crash``) runs a workflow with tasks, a
+The child (``tests/_runtime_proc.py crash``, forked by
+:class:`~little_es.testing.CrashRunner`) runs a workflow with tasks, a
 parallel group, a retried step, a sub-run and a decision loop on a SQLite world.
 An uninterrupted run gives the number of appends ``N`` and the reference state.
 Then, for every ``k`` in ``1..N``, a child on a fresh world is SIGKILLed right
@@ -17,11 +18,7 @@ The scenarios run in a small pool of concurrent child processes to stay fast.
 
 from __future__ import annotations
 
-import os
 import queue
-import signal
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -29,19 +26,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
 from little_es.events import Event, StepCompleted, StepFailed, StepStarted
 from little_es.materialize import materialize_run_state
 from little_es.pricing import price_usage
+from little_es.testing import ChildResult, CrashRunner
 from little_es.workflow.runtime import sub_run_id_for
 from little_es.world import local_world
 
 pytestmark = pytest.mark.timeout(240)
 
 _REPO = Path(__file__).resolve().parents[1]
-_PROC = _REPO / "tests" / "_runtime_proc.py"
+_TARGET = "tests._runtime_proc:main"
 _RUN_ID = "run_proc"
 _SUB_RUN_ID = sub_run_id_for(_RUN_ID, "sub")
 _WORKERS = 3
@@ -71,71 +68,24 @@ class _Baseline:
     output: Any
 
 
-class _ForkServer:
-    """One ``_runtime_proc.py serve`` process: it forks a fresh child process per request."""
-
-    def __init__(self) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LITTLE_ES_CRASH_")}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_REPO), env.get("PYTHONPATH")]))
-        self._proc = subprocess.Popen(
-            [sys.executable, str(_PROC), "serve"],
-            env=env,
-            cwd=_REPO,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        self._seq = 0
-
-    def run(self, world_dir: Path, ledger: Path, crash_after: int | None) -> _ChildResult:
-        """Run one child to its end (or its kill); its output goes next to ``ledger``."""
-        assert self._proc.stdin is not None and self._proc.stdout is not None
-        self._seq += 1
-        output = ledger.with_name(f"child-{self._seq}.out")
-        argv = ["crash", "--world", f"sqlite:///{world_dir}", "--ledger", str(ledger)]
-        request = {"argv": argv, "crash_after": crash_after, "output": str(output)}
-        self._proc.stdin.write(orjson.dumps(request).decode() + "\n")
-        self._proc.stdin.flush()
-        reply = self._proc.stdout.readline()
-        assert reply, "the fork server died"
-        returncode = int(orjson.loads(reply)["returncode"])
-        return _ChildResult(returncode, output.read_text() if output.exists() else "")
-
-    def close(self) -> None:
-        """End the server (it exits at the end of its input) and wait for it."""
-        assert self._proc.stdin is not None
-        self._proc.stdin.close()
-        try:
-            self._proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
-
-
-@dataclass(frozen=True)
-class _ChildResult:
-    returncode: int
-    output: str
+def _child(
+    server: CrashRunner, world_dir: Path, ledger: Path, crash_after: int | None
+) -> ChildResult:
+    """Run one child to its end (or its kill)."""
+    argv = ["crash", "--world", f"sqlite:///{world_dir}", "--ledger", str(ledger)]
+    return server.run(_TARGET, argv, crash_after_appends=crash_after)
 
 
 @pytest.fixture(scope="module")
-def servers() -> Iterator[queue.Queue[_ForkServer]]:
+def servers() -> Iterator[queue.Queue[CrashRunner]]:
     """A pool of fork servers, one per concurrent scenario."""
-    pool: queue.Queue[_ForkServer] = queue.Queue()
-    started = [_ForkServer() for _ in range(_WORKERS)]
+    pool: queue.Queue[CrashRunner] = queue.Queue()
+    started = [CrashRunner(pythonpath=[_REPO], cwd=_REPO) for _ in range(_WORKERS)]
     for server in started:
         pool.put(server)
     yield pool
     for server in started:
         server.close()
-
-
-def _result(proc: _ChildResult) -> dict[str, Any]:
-    assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{proc.output}"
-    lines = [line for line in proc.output.splitlines() if line.startswith("RESULT ")]
-    assert len(lines) == 1, proc.output
-    result: dict[str, Any] = orjson.loads(lines[0].removeprefix("RESULT "))
-    return result
 
 
 def _read_ledger(ledger: Path) -> Counter[_Key]:
@@ -187,14 +137,14 @@ def _states(world_dir: Path) -> dict[str, dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def baseline(
-    tmp_path_factory: pytest.TempPathFactory, servers: queue.Queue[_ForkServer]
+    tmp_path_factory: pytest.TempPathFactory, servers: queue.Queue[CrashRunner]
 ) -> _Baseline:
     """The uninterrupted run: its append count, final states, ledger and output."""
     root = tmp_path_factory.mktemp("baseline")
     world_dir, ledger = root / "world", root / "ledger"
     server = servers.get()
     try:
-        result = _result(server.run(world_dir, ledger, None))
+        result = _child(server, world_dir, ledger, None).result()
     finally:
         servers.put(server)
     assert result["resumed"] is False
@@ -226,15 +176,15 @@ def _check_ledger(kills: list[_Observed], final: Counter[_Key], expected: Counte
 
 
 def _scenario(
-    server: _ForkServer, root: Path, kill_points: tuple[int, ...], baseline: _Baseline
+    server: CrashRunner, root: Path, kill_points: tuple[int, ...], baseline: _Baseline
 ) -> None:
     """Kill a run after each append count in ``kill_points`` (one child each), then resume."""
     world_dir, ledger = root / "world", root / "ledger"
     kills: list[_Observed] = []
     for n, k in enumerate(kill_points):
         before = kills[-1].events if kills else 0
-        proc = server.run(world_dir, ledger, crash_after=k)
-        assert proc.returncode == -signal.SIGKILL, (
+        proc = _child(server, world_dir, ledger, k)
+        assert proc.killed, (
             f"kill point {k}: expected SIGKILL, got {proc.returncode}:\n{proc.output}"
         )
         observed = _observe(world_dir, ledger)
@@ -242,7 +192,7 @@ def _scenario(
             f"kill {n + 1} after {k} appends: the log holds {observed.events - before} new events"
         )
         kills.append(observed)
-    result = _result(server.run(world_dir, ledger, None))
+    result = _child(server, world_dir, ledger, None).result()
     assert result["resumed"] is True
     assert result["output"] == baseline.output
     _check_ledger(kills, _read_ledger(ledger), baseline.ledger)
@@ -250,7 +200,7 @@ def _scenario(
 
 
 def _run_all(
-    servers: queue.Queue[_ForkServer],
+    servers: queue.Queue[CrashRunner],
     tmp_path: Path,
     scenarios: Sequence[tuple[int, ...]],
     baseline: _Baseline,
@@ -277,14 +227,14 @@ def _points(appends: int) -> Iterator[tuple[int, ...]]:
 
 
 def test_a_run_killed_after_any_append_resumes_to_the_same_state(
-    servers: queue.Queue[_ForkServer], tmp_path: Path, baseline: _Baseline
+    servers: queue.Queue[CrashRunner], tmp_path: Path, baseline: _Baseline
 ) -> None:
     assert baseline.appends >= 30
     _run_all(servers, tmp_path, list(_points(baseline.appends)), baseline)
 
 
 def test_a_resume_killed_again_still_converges(
-    servers: queue.Queue[_ForkServer], tmp_path: Path, baseline: _Baseline
+    servers: queue.Queue[CrashRunner], tmp_path: Path, baseline: _Baseline
 ) -> None:
     points = [(k, _SECOND_KILL_AFTER) for k in _DOUBLE_CRASH_POINTS if k + 3 < baseline.appends]
     assert len(points) == len(_DOUBLE_CRASH_POINTS)
@@ -292,13 +242,13 @@ def test_a_resume_killed_again_still_converges(
 
 
 def test_the_crash_switch_past_the_last_append_does_not_fire(
-    servers: queue.Queue[_ForkServer], tmp_path: Path, baseline: _Baseline
+    servers: queue.Queue[CrashRunner], tmp_path: Path, baseline: _Baseline
 ) -> None:
     # Proves N is the exact append count: N kills after RunCompleted, N + 1 never fires.
     server = servers.get()
     try:
-        proc = server.run(tmp_path / "world", tmp_path / "ledger", baseline.appends + 1)
+        proc = _child(server, tmp_path / "world", tmp_path / "ledger", baseline.appends + 1)
     finally:
         servers.put(server)
-    assert _result(proc)["output"] == baseline.output
+    assert proc.result()["output"] == baseline.output
     assert _observe(tmp_path / "world", tmp_path / "ledger").events == baseline.appends

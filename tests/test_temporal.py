@@ -659,7 +659,7 @@ async def test_unregistered_workflow_fails_the_run_with_a_clear_error(
 
 _CLI = """
 import typer
-from little_es.cli_temporal import register
+from little_es_temporal.cli import register
 app = typer.Typer()
 @app.callback()
 def little() -> None:

@@ -19,7 +19,7 @@ try:
     from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 except ImportError as _exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
-        "little_es.harness.openai_model needs the openai package: pip install 'little-es[openai]'"
+        "little_es.contrib.openai needs the openai package: pip install 'little-es[openai]'"
     ) from _exc
 
 from little_es.errors import ModelError

@@ -1,5 +1,9 @@
 """``little worker``: serve little_es workflows on a Temporal task queue.
 
+The ``little`` command finds :func:`register` through the entry point
+``little_es.cli:temporal`` (see :mod:`little_es.cli`), so the core never
+imports this adapter.
+
 ::
 
     little worker flows.triage:wf flows.billing:wf --address temporal:7233 \
@@ -15,21 +19,23 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from datetime import timedelta
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from little_es.cli_run import load_workflow
+from little_es.cli.run import load_workflow
 from little_es.errors import LittleEsError
 from little_es.workflow.authoring import Workflow
 from little_es.world import WORLD_ENV_VAR, open_world
+from little_es_temporal.worker import DEFAULT_TASK_QUEUE, connect, create_worker
 
 __all__ = ["register"]
 
 
 class TemporalUnavailableError(LittleEsError, RuntimeError):
-    """The Temporal extra is not installed, or the Temporal server does not answer."""
+    """The Temporal server does not answer."""
 
 
 async def _serve(
@@ -43,10 +49,6 @@ async def _serve(
     max_concurrent_activities: int | None,
     console: Console,
 ) -> None:
-    from datetime import timedelta
-
-    from little_es_temporal import connect, create_worker
-
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -94,7 +96,7 @@ def register(app: typer.Typer) -> None:
         ] = "default",
         task_queue: Annotated[
             str, typer.Option("--task-queue", help="the task queue runs are started on")
-        ] = "little-es",  # little_es_temporal.DEFAULT_TASK_QUEUE, not imported: optional extra
+        ] = DEFAULT_TASK_QUEUE,
         world: Annotated[
             str | None, typer.Option("--world", envvar=WORLD_ENV_VAR, help="world URL")
         ] = None,
@@ -113,12 +115,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Serve workflows on a Temporal task queue until interrupted (SIGINT/SIGTERM)."""
         console = Console()
-        try:
-            import little_es_temporal  # noqa: F401
-        except ImportError as exc:
-            raise TemporalUnavailableError(
-                f"the Temporal adapter cannot be imported ({exc}): install little-es[temporal]"
-            ) from exc
         loaded = [load_workflow(ref) for ref in workflows]
         asyncio.run(
             _serve(

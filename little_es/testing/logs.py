@@ -1,6 +1,7 @@
-"""Write realistic run logs into a world, the way the runtime and the harness do.
+"""Log builders: write realistic run logs into a world, the way the runtime and the harness do.
 
-Tests (and the replay benchmark) build logs through the real aggregates
+Tests of readers (a report, a projection of your own, a replay check) build
+logs through the real aggregates
 (:class:`~little_es.domain.Run`, :class:`~little_es.domain.HarnessSession`) and
 save them to a real world, so what they read back went through the codec and
 the recorder like production events.
@@ -8,6 +9,13 @@ the recorder like production events.
 Events are saved in write-ahead order by default: ``StepStarted`` before the
 session's events, each model call before its response, ``StepCompleted`` last,
 which is also the order of the world's notification log.
+
+::
+
+    w = RunWriter(world, "run_1", input={"ticket": 7})
+    w.agent_step("plan", [priced(), unpriced(tool_calls=2)])
+    w.task_step("publish", {"ok": True})
+    w.complete({"ok": True})
 """
 
 from __future__ import annotations
@@ -34,7 +42,6 @@ from little_es.events import (
     ToolCallStarted,
     ToolCallSucceeded,
 )
-from little_es.pricing import price_usage
 from little_es.values import ArtifactRef, ErrorInfo, Message, ModelResponse, ToolCall, Usage
 from little_es.world import World
 
@@ -83,7 +90,12 @@ def unpriced(**kw: Any) -> Call:
 
 
 class RunWriter:
-    """Records one run's events into ``world`` through the real aggregates."""
+    """Records one run's events into ``world`` through the real aggregates.
+
+    Each method commits its events at once (``autosave=False`` keeps them
+    pending until :meth:`flush`). Step ids, hashes and manifests are fixed
+    placeholders: the log is valid for every reader, not a real workflow's.
+    """
 
     def __init__(
         self,
@@ -100,7 +112,7 @@ class RunWriter:
         self.world = world
         self.run_id = run_id
         self.autosave = autosave
-        self.run = Run(run_id, price_usage)
+        self.run = Run(run_id, world.pricer)
         self.sessions: dict[str, HarnessSession] = {}
         self.run.trigger(
             RunStarted,

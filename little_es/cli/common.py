@@ -1,0 +1,77 @@
+"""What every ``little`` command shares: the ``--world`` option, opening a world, the console.
+
+Command modules (here and in plugins) import from this module, never from the
+package :mod:`little_es.cli`, which imports them to register their commands.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from little_es.errors import WorldConfigError
+from little_es.world import DEFAULT_DATA_DIR, WORLD_ENV_VAR, World, open_world
+
+__all__ = ["RunIdArgument", "WorldOption", "console", "inspection_world"]
+
+# Wide enough for the report table when output is not a terminal (a pipe, a test
+# runner), where rich would otherwise assume 80 columns and wrap the cells.
+_PIPE_WIDTH = 160
+
+WorldOption = Annotated[
+    str | None,
+    typer.Option(
+        "--world",
+        help=(
+            "World URL: sqlite:///dir, postgresql://user@host/db, memory://"
+            f" [default: ${WORLD_ENV_VAR}, else sqlite:///{DEFAULT_DATA_DIR}]"
+        ),
+        show_default=False,
+    ),
+]
+"""The ``--world`` option every command takes."""
+
+RunIdArgument = Annotated[str, typer.Argument(help="The run id.", show_default=False)]
+"""A run id argument."""
+
+
+@contextmanager
+def inspection_world(url: str | None) -> Iterator[World]:
+    """Open the world ``url`` names (see :data:`WorldOption`) for reading, and close it.
+
+    Unlike :func:`~little_es.world.open_world`, refuses a SQLite world that does
+    not exist yet instead of creating an empty one, so a mistyped ``--world``
+    says so rather than reporting that no run exists.
+    """
+    resolved = url or os.environ.get(WORLD_ENV_VAR) or f"sqlite:///{DEFAULT_DATA_DIR}"
+    if resolved.startswith("sqlite:///"):
+        data_dir = Path(resolved[len("sqlite:///") :])
+        if data_dir.parts and not (data_dir / "events.sqlite3").is_file():
+            source = (
+                "--world"
+                if url
+                else (f"${WORLD_ENV_VAR}" if os.environ.get(WORLD_ENV_VAR) else "the default")
+            )
+            raise WorldConfigError(
+                f"no world at {resolved} ({source}): pass --world with the URL of an existing"
+                f" world, or set {WORLD_ENV_VAR}"
+            )
+    world = open_world(resolved)
+    try:
+        yield world
+    finally:
+        world.close()
+
+
+def console() -> Console:
+    """The console commands print tables to: 160 columns when stdout is not a terminal."""
+    out = Console(highlight=False)
+    if not out.is_terminal and "COLUMNS" not in os.environ:
+        out = Console(highlight=False, width=_PIPE_WIDTH)
+    return out

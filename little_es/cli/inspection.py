@@ -1,0 +1,127 @@
+"""The read-only commands of ``little``: views of a world's log.
+
+* ``little report <run-id> [--tree]`` - per-step tokens and cost, then the
+  sub-runs (or the whole tree of them);
+* ``little replay <run-id> [--json]`` - what :func:`~little_es.replay.replay_run` returns;
+* ``little events <run-id> [--jsonl]`` - the run's event log, in order, by wire name;
+* ``little runs`` - every run, from the runs read model.
+
+The tables are printed by :mod:`little_es.render`; the JSON forms are built here.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Annotated, Any
+
+import orjson
+import typer
+
+from little_es.cli.common import RunIdArgument, WorldOption, console, inspection_world
+from little_es.events import Event
+from little_es.projections import list_runs
+from little_es.render import (
+    render_events,
+    render_replay,
+    render_report,
+    render_runs,
+    render_sub_runs,
+    render_tree,
+)
+from little_es.replay import ReplayResult, replay_run
+
+__all__ = [
+    "event_json",
+    "events_command",
+    "replay_command",
+    "replay_json",
+    "report_command",
+    "runs_command",
+]
+
+_ORIGINATOR_FIELDS = {"originator_id", "originator_version", "timestamp"}
+
+
+def report_command(
+    run_id: RunIdArgument,
+    world: WorldOption = None,
+    tree: Annotated[
+        bool, typer.Option("--tree", help="Also show the whole tree of sub-runs with totals.")
+    ] = False,
+) -> None:
+    """Per-step tokens and cost of a run (priced from the log, never from a recorded cost)."""
+    out = console()
+    with inspection_world(world) as w:
+        render_report(w, run_id, out)
+        if tree:
+            render_tree(w, run_id, out)
+        else:
+            render_sub_runs(w, run_id, out)
+
+
+def replay_json(result: ReplayResult) -> dict[str, Any]:
+    """``result`` as plain JSON data; artifact payloads are base64."""
+    data = result.model_dump(mode="json", exclude={"artifacts"})
+    data["artifacts"] = [
+        {
+            "manifest": a.manifest.model_dump(mode="json"),
+            "payload_base64": base64.b64encode(a.payload).decode("ascii"),
+        }
+        for a in result.artifacts
+    ]
+    return data
+
+
+def replay_command(
+    run_id: RunIdArgument,
+    world: WorldOption = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the whole ReplayResult as JSON.")
+    ] = False,
+) -> None:
+    """Fold a run's log: its state, which steps would run on resume, its artifacts."""
+    with inspection_world(world) as w:
+        result = replay_run(w, run_id)
+    if as_json:
+        typer.echo(orjson.dumps(replay_json(result), option=orjson.OPT_INDENT_2).decode())
+        return
+    render_replay(result, console())
+
+
+def event_json(event: Event) -> dict[str, Any]:
+    """One line of ``little events --jsonl``: wire name, stream id, version, timestamp, payload."""
+    payload = event.model_dump(mode="json")
+    timestamp = payload["timestamp"]
+    for name in _ORIGINATOR_FIELDS:
+        payload.pop(name, None)
+    return {
+        "wire_name": type(event).wire_name,
+        "stream_id": str(event.originator_id),
+        "version": event.originator_version,
+        "timestamp": timestamp,
+        "payload": payload,
+    }
+
+
+def events_command(
+    run_id: RunIdArgument,
+    world: WorldOption = None,
+    jsonl: Annotated[
+        bool, typer.Option("--jsonl", help="One JSON object per line, with the payload.")
+    ] = False,
+) -> None:
+    """A run's event log (its run stream and harness sessions), in order, by wire name."""
+    with inspection_world(world) as w:
+        events = w.read_run_log(run_id)
+    if jsonl:
+        typer.echo(b"\n".join(orjson.dumps(event_json(e)) for e in events).decode())
+        return
+    render_events(events, console())
+
+
+def runs_command(world: WorldOption = None) -> None:
+    """Every run in the world, oldest first, from the runs read model."""
+    with inspection_world(world) as w:
+        runs = list_runs(w)
+        name = w.name
+    render_runs(runs, name, console())

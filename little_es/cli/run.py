@@ -1,0 +1,105 @@
+"""``little run`` and ``little resume``: drive a workflow from the command line.
+
+Both show the steps as they commit (:class:`~little_es.render.StepBoard`).
+Ctrl-C stops the process and leaves the run resumable: whatever was committed
+stays, and ``little resume`` continues it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import orjson
+import typer
+from rich.console import Console
+from rich.live import Live
+
+from little_es.cli.common import WorldOption
+from little_es.errors import LittleEsError
+from little_es.events import Event
+from little_es.render import StepBoard
+from little_es.workflow.authoring import Workflow
+from little_es.workflow.runtime import run_workflow
+from little_es.world import open_world
+
+__all__ = ["WorkflowRefError", "load_workflow", "resume_command", "run_command"]
+
+
+class WorkflowRefError(LittleEsError, ValueError):
+    """A ``module:attribute`` reference does not name a Workflow."""
+
+
+def load_workflow(ref: str) -> Workflow:
+    """Import ``module:attribute`` (the current directory is importable) and check it."""
+    module_name, sep, attribute = ref.partition(":")
+    if not sep or not module_name or not attribute:
+        raise WorkflowRefError(f"--workflow {ref!r}: use module:attribute, e.g. flows.triage:wf")
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise WorkflowRefError(f"cannot import module {module_name!r}: {exc}") from exc
+    found = getattr(module, attribute, None)
+    if not isinstance(found, Workflow):
+        raise WorkflowRefError(
+            f"{ref!r} is {type(found).__name__ if found is not None else 'missing'}, not a Workflow"
+        )
+    return found
+
+
+def _drive(world_url: str | None, workflow: Workflow, input: Any, run_id: str | None) -> None:
+    console = Console()
+    board = StepBoard()
+    world = open_world(world_url)
+    try:
+        with Live(board.render(), console=console, refresh_per_second=8) as live:
+
+            def observe(event: Event) -> None:
+                board.observe(event)
+                live.update(board.render())
+
+            result = asyncio.run(
+                run_workflow(world, workflow, input, run_id=run_id, observer=observe)
+            )
+    except KeyboardInterrupt:
+        console.print(
+            f"[yellow]interrupted[/]: the run is resumable with"
+            f" `little resume <run-id> --workflow ...` (world {world.name})"
+        )
+        raise typer.Exit(130) from None
+    finally:
+        world.close()
+    console.print(f"run [cyan]{result.run_id}[/] {result.state.status}")
+    console.print_json(orjson.dumps(result.output).decode())
+
+
+def run_command(
+    workflow: Annotated[str, typer.Argument(help="module:attribute of a Workflow")],
+    input: Annotated[str, typer.Option("--input", help="the run input, a JSON object")] = "{}",
+    run_id: Annotated[str | None, typer.Option("--run-id", help="run id to use")] = None,
+    world: WorldOption = None,
+) -> None:
+    """Start a run of a workflow (or resume it, if the run id exists)."""
+    try:
+        data = orjson.loads(input)
+    except orjson.JSONDecodeError as exc:
+        raise WorkflowRefError(f"--input is not JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise WorkflowRefError("--input must be a JSON object, e.g. '{\"ticket\": 42}'")
+    _drive(world, load_workflow(workflow), data, run_id)
+
+
+def resume_command(
+    run_id: Annotated[str, typer.Argument(help="the run to resume")],
+    workflow: Annotated[
+        str, typer.Option("--workflow", help="module:attribute of the run's Workflow")
+    ],
+    world: WorldOption = None,
+) -> None:
+    """Resume a run where its log stops."""
+    _drive(world, load_workflow(workflow), None, run_id)

@@ -1,0 +1,373 @@
+"""Every rich table and tree little_es prints, in one place.
+
+The ``little`` command prints through these functions, and so can a program or
+an example: each takes the data (or the world and a run id) and a
+:class:`rich.console.Console`, prints, and returns what it printed from.
+
+* :func:`render_report` - a run's per-step tokens and cost (``little report``);
+* :func:`render_sub_runs` - the table of a run's sub-runs;
+* :func:`render_tree` - a run and all its sub-runs as a tree, with totals
+  (``little report --tree``);
+* :func:`render_replay` - what :func:`~little_es.replay.replay_run` returns
+  (``little replay``);
+* :func:`render_events` - a run's event log by wire name (``little events``);
+* :func:`render_runs` - the runs of a world (``little runs``);
+* :class:`StepBoard` - the live table of steps ``little run`` shows.
+
+Statuses are coloured from one table, :data:`STATUS_STYLES`; costs are shown by
+:func:`cost_text`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime
+from types import MappingProxyType
+from typing import Any
+
+import orjson
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.tree import Tree
+
+from little_es.events import Event, StepCompleted, StepFailed, StepStarted
+from little_es.materialize import MaterializedRunState
+from little_es.orchestrator import RunTree, SubRunSummary, list_sub_runs, run_tree, sum_usage
+from little_es.projections import RunSummary
+from little_es.replay import ReplayResult, read_run_state
+from little_es.values import UsageTotals
+from little_es.world import World
+
+__all__ = [
+    "STATUS_STYLES",
+    "StepBoard",
+    "cost_text",
+    "render_events",
+    "render_replay",
+    "render_report",
+    "render_runs",
+    "render_sub_runs",
+    "render_tree",
+    "status_text",
+]
+
+STATUS_STYLES: Mapping[str, str] = MappingProxyType(
+    {
+        "completed": "green",
+        "running": "yellow",
+        "pending": "cyan",
+        "failed": "red",
+        "retrying": "magenta",
+    }
+)
+"""The rich style of each run and step status; any other status is shown in white."""
+
+
+def status_text(status: str) -> str:
+    """``status`` as rich markup, in its colour from :data:`STATUS_STYLES`."""
+    return f"[{STATUS_STYLES.get(status, 'white')}]{status}[/]"
+
+
+def cost_text(usage: UsageTotals) -> str:
+    """A scope's cost for display: ``-`` when every call was unpriced, else dollars.
+
+    When only some calls were priced, the dollars cover those and the
+    shortfall is shown: ``$0.004500 (+1 unpriced)``.
+    """
+    if usage.cost_usd is None:
+        return "-"
+    text = f"${usage.cost_usd:,.6f}"
+    return f"{text} (+{usage.unpriced_calls} unpriced)" if usage.unpriced_calls else text
+
+
+def _calls(n: int) -> str:
+    return f"{n} unpriced call{'' if n == 1 else 's'}"
+
+
+def _tokens(u: UsageTotals) -> str:
+    return f"{u.input_tokens:,} in / {u.output_tokens:,} out"
+
+
+def _run_title(run_id: str, state: MaterializedRunState) -> str:
+    return (
+        f"run [bold]{escape(run_id)}[/] · {escape(state.workflow_id or '?')}"
+        f" v{escape(state.workflow_version or '?')} · {status_text(state.status)}"
+    )
+
+
+def render_report(world: World, run_id: str, console: Console) -> MaterializedRunState:
+    """Print the per-step token and cost table of ``run_id`` to ``console``; return the state.
+
+    One row per step path (status, visit, input/output/cached/reasoning
+    tokens, cost or ``-`` when unpriced) and a totals row that names the
+    unpriced calls, if any. Folds the log with the one reducer, like replay.
+    """
+    state = read_run_state(world, run_id)
+    table = Table(title=_run_title(run_id, state), box=box.SIMPLE_HEAD, show_footer=False)
+    table.add_column("step", no_wrap=True, min_width=max((len(p) for p in state.steps), default=4))
+    table.add_column("status", no_wrap=True)
+    table.add_column("visit", justify="right", no_wrap=True)
+    for name in ("input", "output", "cached", "reasoning"):
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("cost (USD)", justify="right", no_wrap=True)
+    for path, step in state.steps.items():
+        u = step.usage
+        table.add_row(
+            escape(path),
+            status_text(step.status),
+            str(step.visit),
+            f"{u.input_tokens:,}",
+            f"{u.output_tokens:,}",
+            f"{u.cached_input_tokens:,}",
+            f"{u.reasoning_tokens:,}",
+            cost_text(u),
+        )
+    total = state.usage
+    table.add_section()
+    table.add_row(
+        "[bold]total[/]",
+        _calls(total.unpriced_calls) if total.unpriced_calls else "",
+        "",
+        f"{total.input_tokens:,}",
+        f"{total.output_tokens:,}",
+        f"{total.cached_input_tokens:,}",
+        f"{total.reasoning_tokens:,}",
+        cost_text(total),
+        style="bold",
+    )
+    console.print(table)
+    return state
+
+
+def render_sub_runs(world: World, run_id: str, console: Console) -> tuple[SubRunSummary, ...]:
+    """Print the table of ``run_id``'s sub-runs (status, steps, tokens, cost); return them.
+
+    Prints nothing for a run without sub-runs, so ``little report`` can call it
+    after :func:`render_report` for every run.
+    """
+    summaries = list_sub_runs(world, run_id)
+    if not summaries:
+        return summaries
+    table = Table(title=f"sub-runs of [bold]{escape(run_id)}[/]", box=box.SIMPLE_HEAD)
+    table.add_column("sub-run", overflow="fold")
+    table.add_column("workflow", overflow="fold")
+    table.add_column("started by", overflow="fold")
+    table.add_column("status", no_wrap=True)
+    table.add_column("steps", justify="right", no_wrap=True)
+    table.add_column("tokens in/out", justify="right", no_wrap=True)
+    table.add_column("cost (USD)", justify="right", no_wrap=True)
+    for s in summaries:
+        table.add_row(
+            escape(s.sub_run_id),
+            escape(s.workflow_id),
+            escape(s.step_path + (f" call {s.call_id}" if s.call_id else "")),
+            status_text(s.status),
+            f"{s.steps_completed}/{s.steps}",
+            f"{s.usage.input_tokens:,}/{s.usage.output_tokens:,}",
+            cost_text(s.usage),
+        )
+    total = sum_usage([s.usage for s in summaries])
+    table.add_section()
+    done = sum(1 for s in summaries if s.status == "completed")
+    table.add_row(
+        f"[bold]{len(summaries)} sub-runs[/]",
+        "",
+        "",
+        f"{done} completed",
+        "",
+        f"{total.input_tokens:,}/{total.output_tokens:,}",
+        cost_text(total),
+        style="bold",
+    )
+    console.print(table)
+    return summaries
+
+
+def _walk(tree: RunTree) -> Iterator[RunTree]:
+    yield tree
+    for child in tree.children:
+        yield from _walk(child)
+
+
+def render_tree(world: World, run_id: str, console: Console) -> RunTree:
+    """Print ``run_id`` and its sub-runs as a tree, with each run's and the whole tree's totals.
+
+    Each node shows its status, its own tokens and cost and, when it has
+    sub-runs, its subtree's total. Returns the
+    :class:`~little_es.orchestrator.RunTree`.
+    """
+    tree = run_tree(world, run_id)
+
+    def label(node: RunTree) -> str:
+        origin = f" [dim]({escape(node.step_path or '')}" if node.step_path else ""
+        if origin:
+            origin += f" call {escape(node.call_id)})[/]" if node.call_id else ")[/]"
+        text = (
+            f"[bold]{escape(node.run_id)}[/] · {escape(node.workflow_id or '?')} ·"
+            f" {status_text(node.status)}{origin} · {_tokens(node.usage)}"
+            f" · {cost_text(node.usage)}"
+        )
+        if node.children:
+            text += (
+                f" · [bold]subtree {node.runs} runs: {_tokens(node.total)} ·"
+                f" {cost_text(node.total)}[/]"
+            )
+        return text
+
+    def add(parent: Tree, node: RunTree) -> None:
+        branch = parent.add(label(node))
+        for child in node.children:
+            add(branch, child)
+
+    root = Tree(label(tree))
+    for child in tree.children:
+        add(root, child)
+    console.print(root)
+    statuses: dict[str, int] = {}
+    for node in _walk(tree):
+        statuses[node.status] = statuses.get(node.status, 0) + 1
+    counts = ", ".join(f"{n} {status}" for status, n in sorted(statuses.items()))
+    console.print(
+        f"[bold]total[/]: {tree.runs} runs ({counts}) · {_tokens(tree.total)}"
+        f" · {cost_text(tree.total)}"
+    )
+    return tree
+
+
+def _short_json(value: Any, limit: int = 60) -> str:
+    text = orjson.dumps(value).decode()
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def render_replay(result: ReplayResult, console: Console) -> None:
+    """Print a :class:`~little_es.replay.ReplayResult`: its steps, what runs on resume, artifacts.
+
+    One row per step (status, whether it runs on resume, its output shortened,
+    or the artifact holding it), then the completed and pending step paths and
+    the verified artifacts.
+    """
+    state = result.state
+    console.print(f"{_run_title(result.run_id, state)} · {state.event_count} events")
+    table = Table(box=box.SIMPLE_HEAD)
+    table.add_column("step", no_wrap=True, min_width=max((len(p) for p in state.steps), default=4))
+    table.add_column("status", no_wrap=True)
+    table.add_column("runs on resume", no_wrap=True)
+    table.add_column("output", overflow="fold")
+    for step in result.steps:
+        if step.output_ref is not None:
+            output = (
+                f"artifact {step.output_ref.artifact_id[:19]}… ({step.output_ref.size:,} bytes)"
+            )
+        else:
+            output = _short_json(step.output)
+        table.add_row(
+            escape(step.step_path),
+            status_text(step.status),
+            "yes" if step.should_run else "no",
+            escape(output),
+        )
+    console.print(table)
+    console.print(f"completed: {escape(', '.join(result.completed_step_paths) or '(none)')}")
+    console.print(f"pending:   {escape(', '.join(result.pending_step_paths) or '(none)')}")
+    if result.artifacts:
+        console.print(f"artifacts: {len(result.artifacts)} (verified)")
+        for a in result.artifacts:
+            m = a.manifest
+            console.print(
+                f"  {m.artifact_id}  {m.size:,} bytes  {escape(m.media_type)}"
+                f"  {escape(m.step_path)}"
+            )
+
+
+def render_events(events: Sequence[Event], console: Console) -> None:
+    """Print a run's event log in order: wire name, stream (short), version, timestamp."""
+    table = Table(box=box.SIMPLE_HEAD)
+    table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("event", no_wrap=True)
+    table.add_column("stream", no_wrap=True)
+    table.add_column("version", justify="right", no_wrap=True)
+    table.add_column("timestamp", no_wrap=True)
+    for i, e in enumerate(events, start=1):
+        table.add_row(
+            str(i),
+            type(e).wire_name,
+            str(e.originator_id)[:8],
+            str(e.originator_version),
+            e.timestamp.isoformat(timespec="milliseconds"),
+        )
+    console.print(table)
+
+
+def _when(t: datetime | None) -> str:
+    return "" if t is None else t.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _run_row(run: RunSummary) -> tuple[str, ...]:
+    u = run.usage
+    return (
+        escape(run.run_id)
+        + (f" [dim](sub-run of {escape(run.parent_run_id)})[/]" if run.parent_run_id else ""),
+        escape(f"{run.workflow_id or '?'} v{run.workflow_version or '?'}"),
+        status_text(run.status),
+        f"{run.steps_completed}/{run.steps}",
+        _when(run.started_at),
+        _when(run.updated_at),
+        f"{u.input_tokens:,}/{u.output_tokens:,}",
+        cost_text(u),
+    )
+
+
+def render_runs(runs: Sequence[RunSummary], world_name: str, console: Console) -> None:
+    """Print the runs of the world ``world_name`` (status, steps, times, tokens, cost).
+
+    Prints one line saying so when there are none.
+    """
+    if not runs:
+        console.print(f"no runs in world {escape(world_name)}")
+        return
+    table = Table(title=f"runs in {escape(world_name)}", box=box.SIMPLE_HEAD)
+    table.add_column("run", overflow="fold")
+    table.add_column("workflow", overflow="fold")
+    table.add_column("status", no_wrap=True)
+    table.add_column("steps", justify="right", no_wrap=True)
+    table.add_column("started", no_wrap=True)
+    table.add_column("updated", no_wrap=True)
+    table.add_column("tokens in/out", justify="right", no_wrap=True)
+    table.add_column("cost (USD)", justify="right", no_wrap=True)
+    for run in runs:
+        table.add_row(*_run_row(run))
+    console.print(table)
+
+
+class StepBoard:
+    """A live table of step paths and their status, fed with the events a run commits.
+
+    Pass :meth:`observe` as ``run_workflow``'s ``observer`` and show
+    :meth:`render` in a :class:`rich.live.Live`, as ``little run`` does.
+    """
+
+    def __init__(self) -> None:
+        self.rows: dict[str, tuple[str, str]] = {}
+        """Each step path's status and a note (the attempt, or the error)."""
+
+    def observe(self, event: Event) -> None:
+        """Update the row of the step ``event`` is about (other events are ignored)."""
+        if isinstance(event, StepStarted):
+            self.rows[event.step_path] = ("running", f"attempt {event.attempt}")
+        elif isinstance(event, StepCompleted):
+            self.rows[event.step_path] = ("completed", "")
+        elif isinstance(event, StepFailed):
+            status = "retrying" if event.will_retry else "failed"
+            self.rows[event.step_path] = (status, event.error.message[:60])
+
+    def render(self) -> Table:
+        """The table as it stands: one row per step seen so far."""
+        table = Table(show_header=True, header_style="bold")
+        table.add_column("step")
+        table.add_column("status")
+        table.add_column("")
+        for path, (status, note) in self.rows.items():
+            table.add_row(path, status_text(status), note)
+        return table
