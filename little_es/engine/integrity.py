@@ -1,0 +1,190 @@
+"""The restart checks run before a resumed run schedules anything.
+
+If the log is intact and consistent with the code, replaying it can stand in
+for the original run; if not, the runtime refuses to proceed and says what
+differs. Every check raises a :class:`~little_es.errors.RuntimeIntegrityError`
+subclass whose message names the run, the step and the difference.
+
+Both engines run :func:`run_restart_checks` before they resume a run, and
+:func:`assert_completed_parallel_replay_matches_input` when the walk reaches a
+parallel group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from little_es.artifacts import ArtifactRef
+from little_es.errors import (
+    ArtifactError,
+    ArtifactMismatchError,
+    ParallelReplayMismatchError,
+    RuntimeIntegrityError,
+    WorkflowChangedError,
+)
+from little_es.harness.manifest import check_manifest, compute_manifest, read_session_started
+from little_es.materialize import RunFold
+from little_es.workflow.authoring import AgentStep, Workflow
+from little_es.world import World
+
+__all__ = [
+    "RunInputMismatchError",
+    "assert_completed_parallel_replay_matches_input",
+    "assert_completed_step_artifacts_valid",
+    "assert_harness_manifest_consistent",
+    "assert_run_input_unchanged",
+    "assert_workflow_unchanged",
+    "run_restart_checks",
+]
+
+
+class RunInputMismatchError(RuntimeIntegrityError):
+    """A resume was asked for with an input other than the one the run started with."""
+
+
+def assert_workflow_unchanged(
+    run_id: str, fold: RunFold, *, workflow_id: str, workflow_version: str, ir_hash: str
+) -> None:
+    """The workflow resuming the run is the one that started it (id, version, IR hash)."""
+    if fold.workflow_id != workflow_id:
+        raise WorkflowChangedError(
+            f"run {run_id!r} was started by workflow {fold.workflow_id!r}, not {workflow_id!r}:"
+            " resume it with the workflow that started it"
+        )
+    if fold.ir_hash != ir_hash:
+        raise WorkflowChangedError(
+            f"run {run_id!r}: workflow {workflow_id!r} changed since the run started (IR hash"
+            f" {fold.ir_hash} at version {fold.workflow_version!r}, now {ir_hash} at version"
+            f" {workflow_version!r}): resume with the original definition, or start a new run"
+        )
+
+
+def assert_harness_manifest_consistent(
+    world: World, run_id: str, fold: RunFold, workflow: Workflow
+) -> None:
+    """The seed's restart check: every recorded harness session of the run still matches.
+
+    For each agent step attempt with a committed ``harness.session.started``
+    (completed or not), recompute the manifest from the workflow's current
+    agent step and compare; raise :class:`~little_es.errors.CapabilityDriftError`
+    naming what changed.
+    """
+    for path, step in fold.steps.items():
+        if step.kind != "agent" or not step.session_ids:
+            continue
+        agent = workflow.step_or_none(step.step_id)
+        if not isinstance(agent, AgentStep):
+            continue  # a removed or re-kinded step: the IR hash check refuses it
+        manifest, manifest_hash = compute_manifest(
+            agent.model,
+            tuple(agent.tools.values()),
+            agent.system,
+            agent.parameters,
+            agent.max_turns,
+        )
+        for session_id in step.session_ids:
+            started = read_session_started(world, session_id)
+            if started is not None and started.run_id == run_id and started.step_path == path:
+                check_manifest(started, manifest, manifest_hash)
+
+
+def assert_run_input_unchanged(run_id: str, fold: RunFold, input: Mapping[str, Any] | None) -> None:
+    """An input given on resume equals the recorded one."""
+    if input is not None and orjson.loads(orjson.dumps(input)) != fold.input:
+        raise RunInputMismatchError(
+            f"run {run_id!r} started with input {fold.input!r}, and resume was asked for with"
+            f" {input!r}: pass the same input (or none) to resume, or use a new run id"
+        )
+
+
+def _check_ref(world: World, run_id: str, step_path: str, ref: ArtifactRef, role: str) -> bytes:
+    if ref.run_id != run_id:
+        raise ArtifactMismatchError(
+            f"run {run_id!r}, step {step_path!r}: {role} {ref.artifact_id} belongs to run"
+            f" {ref.run_id!r}, not to this run"
+        )
+    if ref.step_path != step_path:
+        raise ArtifactMismatchError(
+            f"run {run_id!r}, step {step_path!r}: {role} {ref.artifact_id} was recorded for step"
+            f" {ref.step_path!r}"
+        )
+    try:
+        return world.artifacts.get(ref).payload
+    except ArtifactError as exc:
+        raise ArtifactMismatchError(f"run {run_id!r}, step {step_path!r}: {exc}") from exc
+
+
+def assert_completed_step_artifacts_valid(world: World, run_id: str, fold: RunFold) -> None:
+    """Every completed step's artifacts exist, hash correctly, belong to this run and step,
+    and an output stored by reference is the JSON the step returned."""
+    for path, step in fold.steps.items():
+        if step.status != "completed":
+            continue
+        for ref in step.artifact_refs:
+            _check_ref(world, run_id, path, ref, "artifact")
+        if step.output_ref is not None:
+            payload = _check_ref(world, run_id, path, step.output_ref, "output artifact")
+            if step.output is not None:
+                raise ArtifactMismatchError(
+                    f"run {run_id!r}, step {path!r}: the output is recorded both inline and"
+                    f" as artifact {step.output_ref.artifact_id}"
+                )
+            try:
+                orjson.loads(payload)
+            except orjson.JSONDecodeError as exc:
+                raise ArtifactMismatchError(
+                    f"run {run_id!r}, step {path!r}: output artifact"
+                    f" {step.output_ref.artifact_id} is not the JSON output it should hold: {exc}"
+                ) from exc
+
+
+def assert_completed_parallel_replay_matches_input(
+    run_id: str, step_path: str, recorded: Sequence[str], recomputed: Sequence[str]
+) -> None:
+    """A parallel group's recomputed branch keys equal the recorded ``ParallelBranchScheduled``."""
+    if tuple(recorded) != tuple(recomputed):
+        added = [k for k in recomputed if k not in recorded]
+        missing = [k for k in recorded if k not in recomputed]
+        detail = []
+        if added:
+            detail.append(f"new branches {added}")
+        if missing:
+            detail.append(f"missing branches {missing}")
+        if not detail:
+            detail.append(f"order {list(recorded)} became {list(recomputed)}")
+        raise ParallelReplayMismatchError(
+            f"run {run_id!r}, parallel group {step_path!r}: the branch set recomputed from the"
+            f" run's data differs from the recorded one ({'; '.join(detail)}): the branches"
+            " function or the data it reads changed; resume with the original code"
+        )
+
+
+def run_restart_checks(
+    world: World,
+    run_id: str,
+    fold: RunFold,
+    workflow: Workflow,
+    input: Mapping[str, Any] | None,
+) -> None:
+    """Every restart check, in the order both engines run them before resuming ``run_id``.
+
+    ``workflow`` is the workflow asked to resume it and ``input`` the input
+    given for the resume (None: the recorded one).
+    The harness manifest check goes first, so that a changed agent is named
+    precisely (the IR hash covers the same fields but can only say "changed").
+    Parallel groups are checked as the walk reaches them, where their branch
+    set can be recomputed from the run's data.
+    """
+    assert_harness_manifest_consistent(world, run_id, fold, workflow)
+    assert_workflow_unchanged(
+        run_id,
+        fold,
+        workflow_id=workflow.id,
+        workflow_version=workflow.version,
+        ir_hash=workflow.ir_hash,
+    )
+    assert_run_input_unchanged(run_id, fold, input)
+    assert_completed_step_artifacts_valid(world, run_id, fold)
