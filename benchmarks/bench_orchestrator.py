@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from little_es.engine.local import run_workflow
 from little_es.events import ToolCallSucceeded
 from little_es.harness.messages import ModelRequest, ToolCall, Usage
 from little_es.harness.model import ScriptedModel, ScriptedReply
@@ -48,7 +49,6 @@ from little_es.logging import configure_logging
 from little_es.orchestrator import start_workflow_tool
 from little_es.workflow.authoring import Workflow, agent, task
 from little_es.workflow.context import StepContext
-from little_es.workflow.runtime import run_workflow
 from little_es.world import local_world
 
 RUN_ID = "run_bench_orchestrator"

@@ -45,11 +45,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+from little_es.engine.local import RunResult, run_workflow
 from little_es.events import Event, StepCompleted
 from little_es.workflow.authoring import Workflow, decision, task
 from little_es.workflow.context import StepContext
 from little_es.workflow.ir import END
-from little_es.workflow.runtime import RunResult, run_workflow
 from little_es.world import local_world
 
 RESUME_VISITS = 5000

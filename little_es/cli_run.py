@@ -18,10 +18,10 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from little_es.engine.local import run_workflow
 from little_es.errors import LittleEsError
 from little_es.events import Event, StepCompleted, StepFailed, StepStarted
 from little_es.workflow.authoring import Workflow
-from little_es.workflow.runtime import run_workflow
 from little_es.world import open_world
 
 _STATUS_STYLE = {"running": "yellow", "completed": "green", "failed": "red", "retrying": "magenta"}

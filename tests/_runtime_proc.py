@@ -40,12 +40,12 @@ from typing import Any
 
 import orjson
 
+from little_es.engine.local import run_workflow
 from little_es.errors import ConcurrentRunError
 from little_es.faults import CRASH_AFTER_APPENDS
 from little_es.workflow.authoring import Workflow, decision, parallel, subworkflow, task
 from little_es.workflow.context import StepContext
 from little_es.workflow.ir import RetryPolicy
-from little_es.workflow.runtime import run_workflow
 from little_es.world import open_world
 
 RUN_ID = "run_proc"

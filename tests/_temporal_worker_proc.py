@@ -344,7 +344,7 @@ async def _serve(args: argparse.Namespace) -> None:
 
 
 async def _local(args: argparse.Namespace) -> None:
-    from little_es.workflow.runtime import run_workflow
+    from little_es.engine.local import run_workflow
     from little_es.world import open_world
 
     with open_world(args.world) as world:

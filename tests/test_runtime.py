@@ -25,6 +25,10 @@ from conftest import WorldSpec
 
 from little_es.artifacts import ArtifactRef, MemoryArtifactStore
 from little_es.durability import OUTPUT_INLINE_LIMIT
+from little_es.engine.executor import RunFailedError, sub_run_id_for
+from little_es.engine.integrity import RunInputMismatchError
+from little_es.engine.local import RunResult, run_workflow
+from little_es.engine.walk import VisitLimitError
 from little_es.errors import (
     ArtifactMismatchError,
     InvalidRunIdError,
@@ -43,7 +47,6 @@ from little_es.events import (
     SubRunReserved,
 )
 from little_es.harness.model import ScriptedModel, ScriptedReply
-from little_es.integrity import RunInputMismatchError
 from little_es.materialize import materialize_run_state
 from little_es.workflow.authoring import (
     Workflow,
@@ -55,13 +58,6 @@ from little_es.workflow.authoring import (
 )
 from little_es.workflow.context import StepContext
 from little_es.workflow.ir import END, RetryPolicy
-from little_es.workflow.runtime import (
-    RunFailedError,
-    RunResult,
-    VisitLimitError,
-    run_workflow,
-    sub_run_id_for,
-)
 from little_es.world import World
 
 pytestmark = pytest.mark.timeout(60)

@@ -42,15 +42,12 @@ from little_es_temporal.devserver import find_temporal_binary
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import ActivityError
 
+from little_es.engine.executor import RunFailedError, sub_run_id_for
+from little_es.engine.local import run_workflow
+from little_es.engine.walk import VisitLimitError
 from little_es.events import Event, StepStarted
 from little_es.faults import CRASH_AFTER_EVENT
 from little_es.replay import replay_run
-from little_es.workflow.runtime import (
-    RunFailedError,
-    VisitLimitError,
-    run_workflow,
-    sub_run_id_for,
-)
 from little_es.world import World, local_world
 
 pytestmark = [pytest.mark.temporal, pytest.mark.timeout(300)]
