@@ -32,8 +32,7 @@ import hashlib
 import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, NamedTuple, TypeAlias, TypeVar
 
 from little_es._frozen import freeze
 from little_es.durability import RunRecorder, encode_output, normalize_output, read_output
@@ -266,8 +265,7 @@ class RunWriter(ABC):
 _UNREAD: Any = object()
 
 
-@dataclass(frozen=True, slots=True)
-class Committed:
+class Committed(NamedTuple):
     """A step's committed ``StepCompleted``, as the run's fold holds it."""
 
     step: StepFold
@@ -282,8 +280,7 @@ class Committed:
         return self.value
 
 
-@dataclass(frozen=True, slots=True)
-class Begun:
+class Begun(NamedTuple):
     """A step attempt whose ``StepStarted`` is committed (or that was in flight)."""
 
     step: ExecutableStep
@@ -297,8 +294,7 @@ class Begun:
     """The attempt's context (None when the attempt was only looked up, not started)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
+class Outcome(NamedTuple):
     """What an attempt came to: an output (and a decision's target), or a failure."""
 
     output: Any = None
@@ -307,8 +303,7 @@ class Outcome:
     exception: BaseException | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Retry:
+class Retry(NamedTuple):
     """A recorded failure: whether another attempt follows, and after how many seconds."""
 
     error: ErrorInfo
@@ -317,8 +312,7 @@ class Retry:
     cause: BaseException | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class GroupScheduled:
+class GroupScheduled(NamedTuple):
     """A parallel group whose ``ParallelBranchScheduled`` is committed: its branch set."""
 
     keys: tuple[str, ...]

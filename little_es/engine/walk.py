@@ -25,8 +25,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from little_es.errors import StepExecutionError, WorkflowChangedError, WorkflowDefinitionError
 from little_es.workflow.ir import END, StepIR, WorkflowIR
@@ -49,8 +48,7 @@ class VisitLimitError(StepExecutionError, WorkflowDefinitionError):
         )
 
 
-@dataclass(frozen=True, slots=True)
-class StepVisit:
+class StepVisit(NamedTuple):
     """One visit of a top-level step: the step's IR, its step path and its visit number."""
 
     step: StepIR
