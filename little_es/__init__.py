@@ -6,6 +6,10 @@ The public API is re-exported here; everything else is internal. See the README.
 from little_es.artifacts import HydratedArtifact
 from little_es.domain import HarnessSession, OuterLoop, Run
 from little_es.durability import OutputNotSerializableError
+from little_es.engine.executor import RunFailedError
+from little_es.engine.integrity import RunInputMismatchError
+from little_es.engine.local import RunResult, run_workflow
+from little_es.engine.walk import VisitLimitError
 from little_es.errors import (
     ArtifactError,
     ArtifactIntegrityError,
@@ -59,7 +63,6 @@ from little_es.harness.session import (
 )
 from little_es.harness.tools import Tool, ToolArgumentsError, ToolContext, resolve_tools, tool
 from little_es.ids import new_run_id, validate_run_id
-from little_es.integrity import RunInputMismatchError
 from little_es.logging import configure_logging, get_logger
 from little_es.materialize import (
     MaterializedRunState,
@@ -106,7 +109,6 @@ from little_es.workflow.authoring import (
 )
 from little_es.workflow.context import StepContext
 from little_es.workflow.ir import END, RetryPolicy
-from little_es.workflow.runtime import RunFailedError, RunResult, VisitLimitError, run_workflow
 from little_es.world import World, local_world, memory_world, open_world, postgres_world
 
 __all__ = [

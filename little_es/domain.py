@@ -44,6 +44,9 @@ from little_es.values import Pricer, is_usage_cost_error, usage_cost_message
 
 E = TypeVar("E", bound=Event)
 
+# Not a field of MaterializedRunState: the attempt budget is the engine's, not the read model's.
+_GAVE_UP_KEY = "gave_up_attempts"
+
 
 class Aggregate:
     """Base class: an id, a version, state folded from events, and events not yet saved."""
@@ -196,12 +199,18 @@ class Run(Aggregate):
         apply(self.fold, event)
 
     def snapshot_state(self) -> dict[str, Any]:
-        """The materialized state of the run stream, as JSON."""
-        return self.fold.freeze().model_dump(mode="json")
+        """The materialized state of the run stream, as JSON, and the attempts that gave up."""
+        state = self.fold.freeze().model_dump(mode="json")
+        state[_GAVE_UP_KEY] = self.fold.gave_up_attempts()
+        return state
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue the fold from a snapshot's materialized state."""
-        self.fold = RunFold.from_state(MaterializedRunState.model_validate(state), self.fold.pricer)
+        fields = dict(state)
+        gave_up = fields.pop(_GAVE_UP_KEY, None)
+        self.fold = RunFold.from_state(
+            MaterializedRunState.model_validate(fields), self.fold.pricer, gave_up
+        )
 
 
 class HarnessSession(Aggregate):

@@ -194,6 +194,9 @@ class StepFold:
     error: ErrorInfo | None = None
     session_ids: list[UUID] = field(default_factory=list)
     usage: _UsageSum = field(default_factory=_UsageSum)
+    gave_up_attempt: int = 0
+    """The attempt of the last ``StepFailed(will_retry=False)`` (0: none): a resume after it
+    gets a fresh budget of attempts counted from there."""
     _view: StepState | None = field(default=None, repr=False, compare=False)
 
     def changing(self) -> StepFold:
@@ -254,8 +257,18 @@ class RunFold:
     event_count: int = 0
 
     @classmethod
-    def from_state(cls, state: MaterializedRunState, pricer: Pricer) -> RunFold:
-        """A fold that continues from a materialized state (a snapshot)."""
+    def from_state(
+        cls,
+        state: MaterializedRunState,
+        pricer: Pricer,
+        gave_up_attempts: Mapping[str, int] | None = None,
+    ) -> RunFold:
+        """A fold that continues from a materialized state (a snapshot).
+
+        ``gave_up_attempts`` restores :attr:`StepFold.gave_up_attempt`, which the
+        materialized state does not show (see :meth:`gave_up_attempts`); without
+        it a failed step's own last attempt is taken.
+        """
         fold = cls(
             pricer=pricer,
             run_id=state.run_id,
@@ -294,11 +307,22 @@ class RunFold:
                 error=s.error,
                 session_ids=list(s.session_ids),
                 usage=_UsageSum.from_totals(s.usage),
+                gave_up_attempt=(
+                    gave_up_attempts.get(path, 0)
+                    if gave_up_attempts is not None
+                    else s.attempts
+                    if s.status == "failed"
+                    else 0
+                ),
                 _view=s,
             )
             for session_id in s.session_ids:
                 fold.session_steps[session_id] = path
         return fold
+
+    def gave_up_attempts(self) -> dict[str, int]:
+        """:attr:`StepFold.gave_up_attempt` of each step that gave up, for a snapshot."""
+        return {p: s.gave_up_attempt for p, s in self.steps.items() if s.gave_up_attempt}
 
     def step(self, step_path: str, step_id: str) -> StepFold:
         """The fold of ``step_path``, about to change (created pending on first sight)."""
@@ -403,6 +427,8 @@ def apply(state: RunFold, event: Event) -> RunFold:
             step.status = "pending" if event.will_retry else "failed"
             step.attempts = event.attempt
             step.error = event.error
+            if not event.will_retry:
+                step.gave_up_attempt = event.attempt
         case SessionStarted():
             state.session_steps[event.originator_id] = event.step_path
         case ParallelBranchScheduled():

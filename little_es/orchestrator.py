@@ -18,12 +18,12 @@ the harness records ``harness.tool_call.started`` (the session's
 ``prepare_args`` hook), and commits ``SubRunReserved`` through the parent's own
 :class:`~little_es.durability.RunRecorder` (the one object holding the parent's
 ``Run`` aggregate, exposed by
-:func:`~little_es.workflow.runtime.current_run_recorder`) before the sub-run
+:func:`~little_es.engine.local.current_run_recorder`) before the sub-run
 starts. So a crash can never produce a second sub-run for a call; on resume:
 
 * a call with a recorded result fast-forwards from the orchestrator's log;
 * a call in flight is invoked again with its recorded arguments, hence the
-  same sub-run id: :func:`~little_es.workflow.runtime.run_workflow` resumes
+  same sub-run id: :func:`~little_es.engine.local.run_workflow` resumes
   that sub-run from its own log, or, when the sub-run had already committed
   ``RunCompleted``, returns its recorded output without running anything,
   and the orchestrator's log gets the missing ``succeeded``.
@@ -38,7 +38,7 @@ hence a new harness session, whose calls start new sub-runs; a process that
 merely crashed continues the same session and the same sub-runs.
 
 The tool needs the local runtime: it must be called from an agent step of
-:func:`~little_es.workflow.runtime.run_workflow`.
+:func:`~little_es.engine.local.run_workflow`.
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from little_es.engine.executor import RunFailedError
+from little_es.engine.local import current_run_recorder, run_workflow
 from little_es.errors import StepExecutionError
 from little_es.events import SubRunReserved
 from little_es.harness.tools import Tool, ToolArgumentsError, ToolContext
@@ -58,7 +60,6 @@ from little_es.ids import validate_run_id
 from little_es.materialize import COUNTED_ONLY, MaterializedRunState, RunStatus
 from little_es.values import ErrorInfo, JSONValue, UsageTotals
 from little_es.workflow.authoring import Workflow
-from little_es.workflow.runtime import RunFailedError, current_run_recorder, run_workflow
 from little_es.world import World
 
 __all__ = [

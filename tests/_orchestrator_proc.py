@@ -24,13 +24,13 @@ from typing import Any
 
 import orjson
 
+from little_es.engine.local import run_workflow
 from little_es.harness.model import ScriptedModel, ScriptedReply
 from little_es.logging import configure_logging
 from little_es.orchestrator import start_workflow_tool
 from little_es.values import ModelRequest, ToolCall, Usage
 from little_es.workflow.authoring import Workflow, agent, task
 from little_es.workflow.context import StepContext
-from little_es.workflow.runtime import run_workflow
 from little_es.world import local_world
 
 RUN_ID = "run_orchestrator_crash"

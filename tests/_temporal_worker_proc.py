@@ -303,6 +303,27 @@ LOOPING_WORKFLOW = Workflow(
 """a <-> loop, until a's third visit exceeds its max_visits: the run fails."""
 
 
+def no_branches(ctx: StepContext) -> list[str]:
+    """A branches function that fails."""
+    raise ValueError("the branch set cannot be computed")
+
+
+def nowhere(ctx: StepContext) -> str:
+    """A decision returning a step id the workflow does not have."""
+    return "nowhere"
+
+
+BAD_WORKFLOWS = (
+    Workflow(
+        "t_bad_branches",
+        version="1",
+        steps=[task("a", step_a), parallel("check", branches=no_branches, step=task("b", lint))],
+    ),
+    Workflow("t_bad_target", version="1", steps=[task("a", step_a), decision("route", nowhere)]),
+)
+"""Workflows whose parallel group's branches function fails / whose decision jumps nowhere."""
+
+
 WORKFLOWS: dict[str, Workflow] = {
     w.id: w
     for w in (
@@ -312,6 +333,7 @@ WORKFLOWS: dict[str, Workflow] = {
         FAILING_WORKFLOW,
         FAILING_PARENT_WORKFLOW,
         LOOPING_WORKFLOW,
+        *BAD_WORKFLOWS,
     )
 }
 
@@ -344,7 +366,7 @@ async def _serve(args: argparse.Namespace) -> None:
 
 
 async def _local(args: argparse.Namespace) -> None:
-    from little_es.workflow.runtime import run_workflow
+    from little_es.engine.local import run_workflow
     from little_es.world import open_world
 
     with open_world(args.world) as world:

@@ -15,6 +15,7 @@ import orjson
 import pytest
 from rich.console import Console
 
+from little_es.engine.local import run_workflow
 from little_es.errors import ToolError
 from little_es.events import (
     RunStarted,
@@ -41,7 +42,6 @@ from little_es.values import JSONValue, ModelRequest, ToolCall, Usage
 from little_es.workflow.authoring import Workflow, agent, task
 from little_es.workflow.context import StepContext
 from little_es.workflow.ir import RetryPolicy
-from little_es.workflow.runtime import run_workflow
 from little_es.world import World
 
 RUN_ID = "run_orch"

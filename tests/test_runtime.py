@@ -24,7 +24,12 @@ import pytest
 from conftest import WorldSpec
 
 from little_es.artifacts import MemoryArtifactStore
+from little_es.domain import Run
 from little_es.durability import OUTPUT_INLINE_LIMIT
+from little_es.engine.executor import RunFailedError, sub_run_id_for
+from little_es.engine.integrity import RunInputMismatchError
+from little_es.engine.local import RunResult, run_workflow
+from little_es.engine.walk import VisitLimitError
 from little_es.errors import (
     ArtifactMismatchError,
     InvalidRunIdError,
@@ -43,7 +48,6 @@ from little_es.events import (
     SubRunReserved,
 )
 from little_es.harness.model import ScriptedModel, ScriptedReply
-from little_es.integrity import RunInputMismatchError
 from little_es.materialize import materialize_run_state
 from little_es.pricing import price_usage
 from little_es.values import ArtifactRef
@@ -57,13 +61,6 @@ from little_es.workflow.authoring import (
 )
 from little_es.workflow.context import StepContext
 from little_es.workflow.ir import END, RetryPolicy
-from little_es.workflow.runtime import (
-    RunFailedError,
-    RunResult,
-    VisitLimitError,
-    run_workflow,
-    sub_run_id_for,
-)
 from little_es.world import World
 
 pytestmark = pytest.mark.timeout(60)
@@ -655,6 +652,44 @@ async def test_exhausted_retries_fail_the_run_and_a_resume_after_the_fix_continu
     assert ledger.count("finish") == 1
     assert result.state.status == "completed"
     assert result.state.error is None
+
+
+async def test_an_attempt_in_flight_after_a_resume_keeps_the_fresh_budget(
+    world: World, reopen: Callable[[], World], ledger: _Ledger
+) -> None:
+    # Attempts 1-2 fail and the run gives up; the resume's attempt 3 crashes in
+    # flight; the next resume continues attempt 3 within the budget that began
+    # after attempt 2 (attempts 3 and 4), not within the first one (1 and 2).
+    crash_at = 3
+
+    def fragile(ctx: StepContext) -> str:
+        ledger.record(ctx)
+        if ctx.attempt == crash_at:
+            raise _Stop
+        if ctx.attempt < 4:
+            raise ConnectionError(f"attempt {ctx.attempt} failed")
+        return "done"
+
+    wf = Workflow(
+        "budget",
+        steps=[task("fragile", fragile, retry=RetryPolicy(max_attempts=2, initial_backoff_s=0))],
+    )
+    with pytest.raises(RunFailedError):
+        await run_workflow(world, wf, {}, run_id="run_budget")
+    with pytest.raises(_Stop):
+        await run_workflow(reopen(), wf, run_id="run_budget")
+    crash_at = 0
+    result = await run_workflow(reopen(), wf, run_id="run_budget")
+    assert result.output == "done"
+    assert ledger.attempts("fragile") == [1, 2, 3, 3, 4]
+    failed = _of(_log(world, "run_budget"), StepFailed)
+    assert [(f.attempt, f.will_retry) for f in failed] == [(1, True), (2, False), (3, True)]
+    # The budget survives a snapshot of the run, which the read model does not show.
+    run = reopen().load_run("run_budget")
+    restored = Run("run_budget", price_usage)
+    restored.restore(run.snapshot_state())
+    assert restored.fold.steps["fragile"].gave_up_attempt == 2
+    assert restored.fold.freeze() == run.fold.freeze()
 
 
 async def test_a_failed_branch_fails_the_run_and_only_it_runs_again_on_resume(

@@ -23,12 +23,12 @@ import orjson
 import pytest
 from conftest import WorldSpec
 
+from little_es.engine.local import run_workflow
 from little_es.errors import ConcurrentRunError
 from little_es.events import StepStarted
 from little_es.faults import CRASH_AFTER_APPENDS
 from little_es.workflow.authoring import Workflow, task
 from little_es.workflow.context import StepContext
-from little_es.workflow.runtime import run_workflow
 from little_es.world import World
 
 pytestmark = pytest.mark.timeout(120)

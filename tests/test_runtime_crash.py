@@ -28,11 +28,11 @@ from typing import Any
 
 import pytest
 
+from little_es.engine.executor import sub_run_id_for
 from little_es.events import Event, StepCompleted, StepFailed, StepStarted
 from little_es.materialize import materialize_run_state
 from little_es.pricing import price_usage
 from little_es.testing import ChildResult, CrashRunner
-from little_es.workflow.runtime import sub_run_id_for
 from little_es.world import local_world
 
 pytestmark = pytest.mark.timeout(240)

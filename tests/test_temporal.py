@@ -42,15 +42,12 @@ from little_es_temporal.devserver import find_temporal_binary
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import ActivityError
 
+from little_es.engine.executor import RunFailedError, sub_run_id_for
+from little_es.engine.local import run_workflow
+from little_es.engine.walk import VisitLimitError
 from little_es.events import Event, StepStarted
 from little_es.faults import CRASH_AFTER_EVENT
 from little_es.replay import replay_run
-from little_es.workflow.runtime import (
-    RunFailedError,
-    VisitLimitError,
-    run_workflow,
-    sub_run_id_for,
-)
 from little_es.world import World, local_world
 
 pytestmark = [pytest.mark.temporal, pytest.mark.timeout(300)]
@@ -591,6 +588,32 @@ async def test_visit_limit_fails_the_run_like_the_local_scheduler(
         state = replay_run(remote, "run_loop").state
         assert state.status == "failed" and state.error is not None
         assert state.error.type == "VisitLimitError" and not state.error.retryable
+
+
+@pytest.mark.parametrize(
+    ("workflow", "path", "error_type"),
+    [
+        (proc.BAD_WORKFLOWS[0], "check", "ValueError"),
+        (proc.BAD_WORKFLOWS[1], "route", "UnknownStepError"),
+    ],
+    ids=["failing_branches", "unknown_decision_target"],
+)
+async def test_a_failing_branch_set_or_decision_target_fails_the_run_like_the_local_scheduler(
+    client: Client, tmp_path: Path, ledger: Path, workflow: Any, path: str, error_type: str
+) -> None:
+    run_id = f"run_{workflow.id}"
+    with local_world(tmp_path / "local") as local, local_world(tmp_path / "temporal") as remote:
+        with pytest.raises(RunFailedError):
+            await run_workflow(local, workflow, {}, run_id=run_id)
+        queue = _queue()
+        async with _worker(client, remote, queue):
+            handle = await start_run(client, workflow, {}, run_id=run_id, task_queue=queue)
+            with pytest.raises(WorkflowFailureError):
+                await handle.result()
+        assert _events(remote, run_id) == _events(local, run_id)
+        state = replay_run(remote, run_id).state
+        assert (state.status, state.failed_step_path) == ("failed", path)
+        assert state.error is not None and state.error.type == error_type
 
 
 async def test_history_size_does_not_grow_with_conversation_length(

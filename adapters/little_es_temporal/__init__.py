@@ -12,18 +12,11 @@ the call in flight runs again; a run's log (the same as a local run's) serves
 ``replay_run``, ``little report`` and a resume by either engine.
 """
 
-from little_es_temporal.activities import (
-    LittleActivities,
-    RunDone,
-    RunInput,
-    StepDone,
-    StepTimeouts,
-    TemporalAdapterError,
-    UnregisteredWorkflowError,
-    WorkflowRegistry,
-)
+from little_es_temporal.activities import LittleActivities, WorkflowRegistry
 from little_es_temporal.devserver import DevServer, DevServerError, TemporalBinaryNotFoundError
+from little_es_temporal.errors import TemporalAdapterError, UnregisteredWorkflowError
 from little_es_temporal.interceptor import LittleInterceptor, StepBusyError
+from little_es_temporal.models import RunDone, RunInput, StepDone, StepTimeouts
 from little_es_temporal.worker import (
     DEFAULT_TASK_QUEUE,
     connect,

@@ -23,7 +23,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
 
 from little_es.errors import LittleEsError
 
@@ -203,12 +202,7 @@ class DevServer:
     def __enter__(self) -> DevServer:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     def __repr__(self) -> str:

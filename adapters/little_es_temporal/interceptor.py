@@ -20,8 +20,11 @@ Around every ``little_es.run_step`` activity, :class:`LittleInterceptor`:
    (``next_retry_delay``) while its ``RetryPolicy`` allows another attempt,
    and non-retryable once it does not.
 
-Only :class:`~little_es.durability.RunRecorder` writes the events, the same
-code path as the local scheduler, so the log cannot tell the engines apart.
+Steps 2, 3 and 5 are the engine's :class:`~little_es.engine.executor.StepExecutor`,
+the same code the local scheduler runs, so the log cannot tell the engines
+apart. Around every little_es activity, the interceptor also maps what it
+raises to Temporal's ``ApplicationError``, in this one place
+(:func:`~little_es_temporal.errors.to_application_error`).
 """
 
 from __future__ import annotations
@@ -37,22 +40,19 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
 
+from little_es.engine.executor import Committed
 from little_es.errors import ConcurrentRunError
 from little_es.logging import get_logger
-from little_es.values import ErrorInfo
 from little_es.workflow.authoring import SubworkflowStep
 from little_es.world import World
 from little_es_temporal.activities import (
     CURRENT_STEP,
-    GAVE_UP_MARKER,
-    RUN_STEP,
     LittleActivities,
     StepCall,
-    StepDone,
-    StepInput,
-    TemporalAdapterError,
-    to_application_error,
+    done_from_fold,
 )
+from little_es_temporal.errors import TemporalAdapterError, gave_up_error, to_application_error
+from little_es_temporal.models import ACTIVITY_NAMES, RUN_STEP, StepDone, StepInput
 
 __all__ = ["LittleInterceptor", "StepBusyError", "run_step_durably"]
 
@@ -81,29 +81,37 @@ class LittleInterceptor(Interceptor):
         self.activities = activities
 
     def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
-        """Wrap the activity chain; only ``little_es.run_step`` is touched."""
-        return _StepInbound(next, self.activities)
+        """Wrap the activity chain; only little_es's own activities are touched."""
+        return _LittleInbound(next, self.activities)
 
 
-class _StepInbound(ActivityInboundInterceptor):
+class _LittleInbound(ActivityInboundInterceptor):
     def __init__(self, next: ActivityInboundInterceptor, activities: LittleActivities) -> None:
         super().__init__(next)
         self._activities = activities
 
     async def execute_activity(self, input: ExecuteActivityInput) -> Any:
-        if activity.info().activity_type != RUN_STEP:
+        name = activity.info().activity_type
+        if name not in ACTIVITY_NAMES:
             return await self.next.execute_activity(input)
-        if len(input.args) != 1 or not isinstance(input.args[0], StepInput):
-            raise ApplicationError(
-                f"{RUN_STEP} takes one StepInput, got {list(map(type, input.args))}: start runs"
-                " with little_es_temporal.start_run and a client using the pydantic data"
-                " converter",
-                type=TemporalAdapterError.__qualname__,
-                non_retryable=True,
+        try:
+            if name != RUN_STEP:
+                return await self.next.execute_activity(input)
+            if len(input.args) != 1 or not isinstance(input.args[0], StepInput):
+                raise ApplicationError(
+                    f"{RUN_STEP} takes one StepInput, got {list(map(type, input.args))}: start"
+                    " runs with little_es_temporal.start_run and a client using the pydantic"
+                    " data converter",
+                    type=TemporalAdapterError.__qualname__,
+                    non_retryable=True,
+                )
+            return await run_step_durably(
+                self._activities, input.args[0], lambda: self.next.execute_activity(input)
             )
-        return await run_step_durably(
-            self._activities, input.args[0], lambda: self.next.execute_activity(input)
-        )
+        except ApplicationError:
+            raise
+        except Exception as exc:
+            raise to_application_error(exc) from exc
 
 
 def _step_lease_id(run_id: str, step_path: str) -> str:
@@ -154,9 +162,9 @@ async def run_step_durably(
     heartbeat = _start_heartbeat()
     try:
         with _step_lease(activities.world, step_input.run_id, step_input.step_path):
-            begun = await activities.begin_step(step_input, kinds=_STEP_KINDS)
-            if isinstance(begun, StepDone):
-                return begun
+            executor, begun = await activities.begin_step(step_input, kinds=_STEP_KINDS)
+            if isinstance(begun, Committed):
+                return done_from_fold(begun.step, executed=False)
             step = begun.step
             if isinstance(step, SubworkflowStep) or begun.ctx is None:
                 raise TemporalAdapterError(
@@ -165,37 +173,31 @@ async def run_step_durably(
             if begun.in_flight:
                 _log.info(
                     "step continues after a crash",
-                    run_id=begun.run_id,
+                    run_id=step_input.run_id,
                     step_path=begun.step_path,
                     attempt=begun.attempt,
                     temporal_attempt=activity.info().attempt,
                 )
             token = CURRENT_STEP.set(StepCall(activities.world, step, begun.ctx))
             try:
-                output = await body()
-            except Exception as exc:
-                error = ErrorInfo.from_exception(exc)
-                retry = await activities.fail_step(begun, error)
-                message = (
-                    f"step {begun.step_path!r} of run {begun.run_id!r} failed (attempt"
-                    f" {begun.attempt}): {error.type}: {error.message}"
-                )
-                if retry.will_retry:
-                    raise ApplicationError(
-                        message,
-                        type=error.type,
-                        next_retry_delay=timedelta(seconds=max(retry.delay_s, 0.001)),
-                    ) from exc
-                raise ApplicationError(
-                    message, GAVE_UP_MARKER, type=error.type, non_retryable=True
-                ) from exc
+                outcome = await executor.attempt(begun, body)
             finally:
                 CURRENT_STEP.reset(token)
-            return await activities.complete_step(begun, output)
-    except ApplicationError:
-        raise
-    except Exception as exc:
-        raise to_application_error(exc) from exc
+            settled = await executor.settle(begun, outcome)
+            if isinstance(settled, Committed):
+                return done_from_fold(settled.step, executed=True)
+            error = settled.error
+            message = (
+                f"step {begun.step_path!r} of run {step_input.run_id!r} failed (attempt"
+                f" {begun.attempt}): {error.type}: {error.message}"
+            )
+            if settled.will_retry:
+                raise ApplicationError(
+                    message,
+                    type=error.type,
+                    next_retry_delay=timedelta(seconds=max(settled.delay_s, 0.001)),
+                ) from outcome.exception
+            raise gave_up_error(message, error) from outcome.exception
     finally:
         if heartbeat is not None:
             heartbeat.cancel()

@@ -14,7 +14,7 @@ world exactly as a local run writes it.
 
 Timeouts to set
 ---------------
-* ``heartbeat`` (:class:`~little_es_temporal.activities.StepTimeouts`, given
+* ``heartbeat`` (:class:`~little_es_temporal.models.StepTimeouts`, given
   to :func:`start_run`; default 30 s): how long after a worker dies a step is
   retried elsewhere. Step activities heartbeat every third of it.
 * ``sticky_queue_schedule_to_start_timeout`` (:func:`create_worker`; default
@@ -41,19 +41,14 @@ from temporalio.worker import Interceptor, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from little_es.durability import encode_output
+from little_es.engine.executor import check_run_request
 from little_es.ids import new_run_id, validate_run_id
 from little_es.workflow.authoring import Workflow
 from little_es.world import World
-from little_es_temporal.activities import (
-    TEMPORAL_INLINE_LIMIT,
-    LittleActivities,
-    RunDone,
-    RunInput,
-    StepTimeouts,
-    TemporalAdapterError,
-    WorkflowRegistry,
-)
+from little_es_temporal.activities import LittleActivities, WorkflowRegistry
+from little_es_temporal.errors import TemporalAdapterError
 from little_es_temporal.interceptor import LittleInterceptor
+from little_es_temporal.models import TEMPORAL_INLINE_LIMIT, RunDone, RunInput, StepTimeouts
 from little_es_temporal.workflow import LittleRunWorkflow
 
 __all__ = [
@@ -175,23 +170,17 @@ async def start_run(
     A new ``run_id`` (default: a fresh one) starts a run with ``input``; the id
     of an existing run (started on Temporal or locally, then stopped) resumes
     it: committed steps are not run again. ``await handle.result()`` gives a
-    :class:`~little_es_temporal.activities.RunDone`. An input larger than
-    :data:`~little_es_temporal.activities.TEMPORAL_INLINE_LIMIT` bytes of JSON is
+    :class:`~little_es_temporal.models.RunDone`. An input larger than
+    :data:`~little_es_temporal.models.TEMPORAL_INLINE_LIMIT` bytes of JSON is
     stored in ``world`` as an artifact and passed by reference, so ``world``
     (the workers' world) is needed for it. ``start_options`` go to
     ``Client.start_workflow`` (``execution_timeout``, ``memo``, ...). Temporal
     refuses to start a second workflow with the id of one still running
     (``WorkflowAlreadyStartedError``): a run is driven by one workflow at a time.
     """
-    if not isinstance(workflow, Workflow):
-        raise TemporalAdapterError(
-            f"workflow must be a little_es Workflow, got {type(workflow).__name__}: build one"
-            " with Workflow(id, steps=[...])"
-        )
-    if input is not None and not isinstance(input, Mapping):
-        raise TemporalAdapterError(
-            f"input must be a mapping (JSON object) or None, got {type(input).__name__}"
-        )
+    problem = check_run_request(workflow, input)
+    if problem is not None:
+        raise TemporalAdapterError(problem)
     if timeouts is not None and not isinstance(timeouts, StepTimeouts):
         raise TemporalAdapterError(
             f"timeouts must be a StepTimeouts, got {type(timeouts).__name__}"

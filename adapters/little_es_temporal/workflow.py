@@ -1,16 +1,15 @@
 """The generic Temporal workflow that runs any little_es workflow: :class:`LittleRunWorkflow`.
 
-Its workflow id is the little_es run id. It walks the workflow's IR exactly as
-the local scheduler's ``_Scheduler.drive`` does (list order, decisions' jumps,
-visit counters and ``max_visits``, step paths from
-:func:`~little_es.workflow.paths.step_path`), and asks activities to do
-everything that touches the world:
+Its workflow id is the little_es run id. It walks the workflow's IR with the
+local scheduler's own walk (:class:`~little_es.engine.walk.Walk`: list order,
+decisions' jumps, visit counters and ``max_visits``, step paths), and asks
+activities to do everything that touches the world:
 
 * ``start_run`` starts or loads the run and returns the IR to walk (so a
   replay of this workflow reads the IR from history, never from the worker's
   current code);
 * each task, decision and agent step is one ``run_step`` activity; its result
-  is a small :class:`~little_es_temporal.activities.StepDone` (a decision's
+  is a small :class:`~little_es_temporal.models.StepDone` (a decision's
   target; an output only when tiny);
 * a parallel group is ``schedule_branches`` (its branch keys, resolved from the
   run's data and recorded), the branches gathered (bounded by
@@ -21,7 +20,7 @@ everything that touches the world:
 
 Workflow code must stay deterministic: this module does no I/O, reads no
 clock, draws no random numbers and never touches an aggregate. The little_es
-modules it uses (the IR models, step paths, the activities' data models) are
+modules it uses (the IR models, the walk, the wire models) are
 imported through ``workflow.unsafe.imports_passed_through()``; the sandbox
 would let their side effects through silently, so only their pure parts are
 used here. Logging goes through ``workflow.logger``.
@@ -29,7 +28,6 @@ used here. Logging goes through ``workflow.logger``.
 
 from __future__ import annotations
 
-import asyncio
 from datetime import timedelta
 from typing import Any
 
@@ -38,11 +36,17 @@ from temporalio.common import RetryPolicy as TemporalRetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
+    from little_es.engine.walk import (
+        StepVisit,
+        VisitLimitError,
+        Walk,
+        branch_path,
+        gather_branches,
+    )
+    from little_es.errors import WorkflowChangedError
     from little_es.values import ErrorInfo
-    from little_es.workflow.ir import END, RetryPolicy, StepIR, WorkflowIR
-    from little_es.workflow.paths import step_path as make_step_path
-    from little_es.workflow.runtime import VisitLimitError
-    from little_es_temporal.activities import (
+    from little_es.workflow.ir import RetryPolicy, StepIR
+    from little_es_temporal.models import (
         BEGIN_SUBWORKFLOW,
         COMPLETE_GROUP,
         COMPLETE_RUN,
@@ -104,6 +108,10 @@ def step_retry_policy(policy: RetryPolicy) -> TemporalRetryPolicy:
     )
 
 
+_CHILD_FIELDS = {"workflow_id", "workflow_version", "ir_hash", "input", "input_ref"}
+"""What a child run's :class:`RunInput` takes from the :class:`SubRunPlan` as it is."""
+
+
 class _GaveUpError(Exception):
     def __init__(self, step_path: str, message: str) -> None:
         super().__init__(message)
@@ -150,7 +158,7 @@ class LittleRunWorkflow:
             workflow.logger.info("run %s already completed; nothing runs", input.run_id)
             return plan.done
         try:
-            output_path = await self._drive(plan.ir)
+            output_path = await Walk(plan.ir, self._run_id).drive(self._visit)
         except _GaveUpError as gave_up:
             await self._bookkeeping(
                 FAIL_RUN, RunFailure(run_id=self._run_id, step_path=gave_up.step_path), None
@@ -165,6 +173,10 @@ class LittleRunWorkflow:
             error = ErrorInfo.from_exception(exc, retryable=False)
             await self._bookkeeping(FAIL_RUN, RunFailure(run_id=self._run_id, error=error), None)
             raise ApplicationError(str(exc), type=error.type, non_retryable=True) from None
+        except WorkflowChangedError as exc:
+            raise ApplicationError(
+                str(exc), type=type(exc).__qualname__, non_retryable=True
+            ) from None
         done: RunDone = await self._bookkeeping(
             COMPLETE_RUN, RunEnd(run_id=self._run_id, output_step_path=output_path), RunDone
         )
@@ -172,34 +184,9 @@ class LittleRunWorkflow:
 
     # ---------------------------------------------------------------- the walk
 
-    async def _drive(self, ir: WorkflowIR) -> str | None:
-        index = {step.id: position for position, step in enumerate(ir.steps)}
-        visits: dict[str, int] = {}
-        step_id = ir.steps[0].id
-        output_path: str | None = None
-        while step_id != END:
-            step = ir.steps[index[step_id]]
-            visit = visits.get(step_id, 0) + 1
-            if visit > step.max_visits:
-                raise VisitLimitError.for_step(self._run_id, step_id, visit, step.max_visits)
-            visits[step_id] = visit
-            path = make_step_path(step_id, visit=visit)
-            done = await self._step(step, path, visit)
-            if step.kind == "decision":
-                target = done.next_step
-                if target is None or (target != END and target not in index):
-                    raise ApplicationError(
-                        f"decision {path!r} recorded target {target!r}, which is not a step of"
-                        f" workflow {ir.id!r}: the log and the IR disagree",
-                        type="WorkflowChangedError",
-                        non_retryable=True,
-                    )
-                step_id = target
-            else:
-                output_path = path
-                position = index[step_id] + 1
-                step_id = END if position == len(ir.steps) else ir.steps[position].id
-        return output_path
+    async def _visit(self, visit: StepVisit) -> str | None:
+        done = await self._step(visit.step, visit.path, visit.visit)
+        return done.next_step
 
     async def _step(self, step: StepIR, path: str, visit: int) -> StepDone:
         if step.kind == "parallel":
@@ -231,28 +218,23 @@ class LittleRunWorkflow:
         return done
 
     async def _parallel(self, step: StepIR, path: str, visit: int) -> StepDone:
-        plan: GroupPlan = await self._bookkeeping(
-            SCHEDULE_BRANCHES, StepInput(run_id=self._run_id, step_path=path), GroupPlan
-        )
+        try:
+            plan: GroupPlan = await self._bookkeeping(
+                SCHEDULE_BRANCHES, StepInput(run_id=self._run_id, step_path=path), GroupPlan
+            )
+        except ActivityError as exc:
+            if _gave_up(exc):
+                raise _GaveUpError(path, _describe(exc).message) from exc
+            raise
         if plan.done is not None:
             return plan.done
         inner = step.branch_step
         assert inner is not None
-        limit = asyncio.Semaphore(step.max_concurrency or max(len(plan.branch_keys), 1))
 
         async def branch(key: str) -> StepDone:
-            branch_path = make_step_path(
-                inner.id, group_id=step.id, branch_key=key, group_visit=visit
-            )
-            async with limit:
-                return await self._leaf(inner, branch_path)
+            return await self._leaf(inner, branch_path(step, key, visit))
 
-        results = await asyncio.gather(
-            *(branch(key) for key in plan.branch_keys), return_exceptions=True
-        )
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
+        await gather_branches(plan.branch_keys, step.max_concurrency, branch)
         done: StepDone = await self._bookkeeping(
             COMPLETE_GROUP, StepInput(run_id=self._run_id, step_path=path), StepDone
         )
@@ -264,15 +246,12 @@ class LittleRunWorkflow:
             plan: SubRunPlan = await self._bookkeeping(BEGIN_SUBWORKFLOW, step_input, SubRunPlan)
             if plan.done is not None:
                 return plan.done
-            assert plan.sub_run_id is not None and plan.workflow_id is not None
-            assert plan.workflow_version is not None and plan.ir_hash is not None
+            # The plan names the child run and its workflow; a field it left None
+            # fails validation here.
+            assert plan.sub_run_id is not None
             child = RunInput(
+                **plan.model_dump(include=_CHILD_FIELDS),
                 run_id=plan.sub_run_id,
-                workflow_id=plan.workflow_id,
-                workflow_version=plan.workflow_version,
-                ir_hash=plan.ir_hash,
-                input=plan.input,
-                input_ref=plan.input_ref,
                 parent_run_id=self._run_id,
                 parent_step_path=path,
                 timeouts=self._timeouts,
@@ -281,7 +260,7 @@ class LittleRunWorkflow:
                 await workflow.execute_child_workflow(
                     LittleRunWorkflow.run,
                     child,
-                    id=plan.sub_run_id,
+                    id=child.run_id,
                     static_summary=f"{self._run_id} {path}",
                 )
             except ChildWorkflowError as exc:

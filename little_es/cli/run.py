@@ -19,11 +19,11 @@ from rich.console import Console
 from rich.live import Live
 
 from little_es.cli.common import WorldOption
+from little_es.engine.local import run_workflow
 from little_es.errors import LittleEsError
 from little_es.events import Event
 from little_es.render import StepBoard
 from little_es.workflow.authoring import Workflow
-from little_es.workflow.runtime import run_workflow
 from little_es.world import open_world
 
 __all__ = ["WorkflowRefError", "load_workflow", "resume_command", "run_command"]

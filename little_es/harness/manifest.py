@@ -11,7 +11,8 @@ On resume the manifest is computed again from the code and compared with the
 one recorded in ``harness.session.started``: any difference means the
 recorded calls were made by a different agent, so continuing would not be a
 faithful continuation, and :class:`~little_es.errors.CapabilityDriftError`
-says exactly what changed.
+says exactly what changed. The restart check over a whole run is
+:func:`little_es.engine.integrity.assert_harness_manifest_consistent`.
 """
 
 from __future__ import annotations
@@ -28,17 +29,16 @@ from little_es.events import SessionStarted
 from little_es.harness.model import Model
 from little_es.harness.tools import Tool, resolve_tools
 from little_es.ids import session_stream_id
-from little_es.materialize import RunFold
 from little_es.values import JSONValue
 from little_es.workflow.ir import AgentSpecIR, AgentToolIR, canonical_json
 from little_es.world import World
 
 __all__ = [
     "SessionInputError",
-    "assert_harness_manifest_consistent",
     "assert_session_manifest_consistent",
     "check_manifest",
     "compute_manifest",
+    "read_session_started",
 ]
 
 
@@ -141,14 +141,19 @@ def assert_session_manifest_consistent(
     :class:`~little_es.errors.CapabilityDriftError` naming what changed. Reads
     only the session's first event, however long the session is.
     """
-    started = _read_session_started(world, session_stream_id(run_id, step_path, attempt))
+    started = read_session_started(world, session_stream_id(run_id, step_path, attempt))
     if started is None:
         return
     manifest, manifest_hash = compute_manifest(model, tools, system, parameters, max_turns)
     check_manifest(started, manifest, manifest_hash)
 
 
-def _read_session_started(world: World, session_id: UUID) -> SessionStarted | None:
+def read_session_started(world: World, session_id: UUID) -> SessionStarted | None:
+    """The first event of a harness session, or None when it never started.
+
+    Raises :class:`~little_es.errors.RuntimeIntegrityError` when the stream does
+    not begin with ``harness.session.started``.
+    """
     stored = world.app.recorder.select_events(session_id, limit=1)
     if not stored:
         return None
@@ -213,35 +218,3 @@ def _parameter_changes(old: JSONValue, new: JSONValue) -> list[str]:
         if before[k] != after[k]
     ]
     return changes
-
-
-def assert_harness_manifest_consistent(
-    world: World, run_id: str, fold: RunFold, workflow: Any
-) -> None:
-    """The seed's restart check: every recorded harness session of the run still matches.
-
-    For each agent step attempt with a committed ``harness.session.started``
-    (completed or not), recompute the manifest from the workflow's current
-    agent step and compare; raise :class:`~little_es.errors.CapabilityDriftError`
-    naming what changed. ``workflow`` is the :class:`~little_es.workflow.authoring.Workflow`
-    being resumed.
-    """
-    from little_es.workflow.authoring import AgentStep
-
-    for path, step in fold.steps.items():
-        if step.kind != "agent" or not step.session_ids:
-            continue
-        agent = workflow.step_or_none(step.step_id)
-        if not isinstance(agent, AgentStep):
-            continue  # a removed or re-kinded step: the IR hash check refuses it
-        manifest, manifest_hash = compute_manifest(
-            agent.model,
-            tuple(agent.tools.values()),
-            agent.system,
-            agent.parameters,
-            agent.max_turns,
-        )
-        for session_id in step.session_ids:
-            started = _read_session_started(world, session_id)
-            if started is not None and started.run_id == run_id and started.step_path == path:
-                check_manifest(started, manifest, manifest_hash)

@@ -51,11 +51,11 @@ from typing import Any, cast
 import orjson
 
 from little_es.cli.run import load_workflow
+from little_es.engine.local import run_workflow
 from little_es.errors import ConcurrentRunError
 from little_es.faults import CRASH_AFTER_APPENDS, CRASH_AFTER_EVENT
 from little_es.values import JSONValue
 from little_es.workflow.authoring import Workflow
-from little_es.workflow.runtime import run_workflow
 from little_es.world import World, open_world
 
 __all__ = [

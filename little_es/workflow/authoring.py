@@ -30,11 +30,13 @@ import hashlib
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, TypeAlias
 
 from pydantic import ValidationError
 
 from little_es.errors import LittleEsError, WorkflowDefinitionError
+from little_es.harness.model import Model
+from little_es.harness.tools import Tool, resolve_tools
 from little_es.workflow.context import StepContext
 from little_es.workflow.ir import (
     END,
@@ -48,10 +50,6 @@ from little_es.workflow.ir import (
     check_plain_json,
 )
 from little_es.workflow.paths import BRANCH_KEY_PATTERN, STEP_ID_PATTERN
-
-if TYPE_CHECKING:
-    from little_es.harness.model import Model
-    from little_es.harness.tools import Tool
 
 __all__ = [
     "AgentStep",
@@ -351,9 +349,6 @@ def agent(
     or plain functions (wrapped with ``tool(fn)``); ``parameters`` (plain JSON)
     go to every model call; ``max_turns`` bounds the model calls.
     """
-    # Imported here so that the workflow package imports without the harness.
-    from little_es.harness.tools import resolve_tools
-
     _check_id(id)
     provider = getattr(model, "provider", None)
     model_id = getattr(model, "model_id", None)

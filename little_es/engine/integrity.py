@@ -5,13 +5,14 @@ for the original run; if not, the runtime refuses to proceed and says what
 differs. Every check raises a :class:`~little_es.errors.RuntimeIntegrityError`
 subclass whose message names the run, the step and the difference.
 
-The harness manifest check (``assert_harness_manifest_consistent``) lives with
-the harness, in :mod:`little_es.harness.manifest`; the runtime runs all of them.
+Both engines run :func:`run_restart_checks` before they resume a run, and
+:func:`assert_completed_parallel_replay_matches_input` when the walk reaches a
+parallel group.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -23,9 +24,21 @@ from little_es.errors import (
     RuntimeIntegrityError,
     WorkflowChangedError,
 )
+from little_es.harness.manifest import check_manifest, compute_manifest, read_session_started
 from little_es.materialize import RunFold
 from little_es.values import ArtifactRef
+from little_es.workflow.authoring import AgentStep, Workflow
 from little_es.world import World
+
+__all__ = [
+    "RunInputMismatchError",
+    "assert_completed_parallel_replay_matches_input",
+    "assert_completed_step_artifacts_valid",
+    "assert_harness_manifest_consistent",
+    "assert_run_input_unchanged",
+    "assert_workflow_unchanged",
+    "run_restart_checks",
+]
 
 
 class RunInputMismatchError(RuntimeIntegrityError):
@@ -49,7 +62,36 @@ def assert_workflow_unchanged(
         )
 
 
-def assert_run_input_unchanged(run_id: str, fold: RunFold, input: Any) -> None:
+def assert_harness_manifest_consistent(
+    world: World, run_id: str, fold: RunFold, workflow: Workflow
+) -> None:
+    """The seed's restart check: every recorded harness session of the run still matches.
+
+    For each agent step attempt with a committed ``harness.session.started``
+    (completed or not), recompute the manifest from the workflow's current
+    agent step and compare; raise :class:`~little_es.errors.CapabilityDriftError`
+    naming what changed.
+    """
+    for path, step in fold.steps.items():
+        if step.kind != "agent" or not step.session_ids:
+            continue
+        agent = workflow.step_or_none(step.step_id)
+        if not isinstance(agent, AgentStep):
+            continue  # a removed or re-kinded step: the IR hash check refuses it
+        manifest, manifest_hash = compute_manifest(
+            agent.model,
+            tuple(agent.tools.values()),
+            agent.system,
+            agent.parameters,
+            agent.max_turns,
+        )
+        for session_id in step.session_ids:
+            started = read_session_started(world, session_id)
+            if started is not None and started.run_id == run_id and started.step_path == path:
+                check_manifest(started, manifest, manifest_hash)
+
+
+def assert_run_input_unchanged(run_id: str, fold: RunFold, input: Mapping[str, Any] | None) -> None:
     """An input given on resume equals the recorded one."""
     if input is not None and orjson.loads(orjson.dumps(input)) != fold.input:
         raise RunInputMismatchError(
@@ -120,18 +162,22 @@ def assert_completed_parallel_replay_matches_input(
         )
 
 
-def run_restart_checks(world: World, run_id: str, fold: RunFold, workflow: Any, input: Any) -> None:
+def run_restart_checks(
+    world: World,
+    run_id: str,
+    fold: RunFold,
+    workflow: Workflow,
+    input: Mapping[str, Any] | None,
+) -> None:
     """Every restart check, in the order both engines run them before resuming ``run_id``.
 
-    ``workflow`` is the :class:`~little_es.workflow.authoring.Workflow` asked to
-    resume it and ``input`` the input given for the resume (None: the recorded one).
+    ``workflow`` is the workflow asked to resume it and ``input`` the input
+    given for the resume (None: the recorded one).
     The harness manifest check goes first, so that a changed agent is named
     precisely (the IR hash covers the same fields but can only say "changed").
     Parallel groups are checked as the walk reaches them, where their branch
     set can be recomputed from the run's data.
     """
-    from little_es.harness.manifest import assert_harness_manifest_consistent
-
     assert_harness_manifest_consistent(world, run_id, fold, workflow)
     assert_workflow_unchanged(
         run_id,

@@ -1,0 +1,61 @@
+"""The adapter's errors, and how an error of a little_es activity becomes Temporal's.
+
+The :class:`~little_es_temporal.interceptor.LittleInterceptor` maps whatever a
+little_es activity raises with :func:`to_application_error`, in one place.
+"""
+
+from __future__ import annotations
+
+from temporalio.exceptions import ApplicationError
+
+from little_es.errors import (
+    ConcurrencyConflictError,
+    LittleEsError,
+    RuntimeIntegrityError,
+    WorkflowDefinitionError,
+)
+from little_es.values import ErrorInfo
+from little_es_temporal.models import GAVE_UP_MARKER
+
+__all__ = [
+    "TemporalAdapterError",
+    "UnregisteredWorkflowError",
+    "gave_up_error",
+    "non_retryable",
+    "to_application_error",
+]
+
+
+class TemporalAdapterError(LittleEsError):
+    """The Temporal adapter was set up or called in a way it cannot work with."""
+
+
+class UnregisteredWorkflowError(TemporalAdapterError, LookupError):
+    """A run names a workflow (id and IR hash) that this worker was not given."""
+
+
+def non_retryable(exc: BaseException) -> bool:
+    """Whether an error raised by the adapter itself (not by a step) must stop the run.
+
+    Integrity and definition errors cannot heal by retrying; a lost race, a
+    busy lease or a database hiccup can.
+    """
+    if isinstance(exc, ConcurrencyConflictError):
+        return False
+    if isinstance(exc, RuntimeIntegrityError | WorkflowDefinitionError | TemporalAdapterError):
+        return True
+    return not ErrorInfo.from_exception(exc).retryable
+
+
+def to_application_error(exc: BaseException) -> ApplicationError:
+    """The Temporal error for an adapter-side failure (retryable unless :func:`non_retryable`)."""
+    return ApplicationError(
+        str(exc) or type(exc).__qualname__,
+        type=type(exc).__qualname__,
+        non_retryable=non_retryable(exc),
+    )
+
+
+def gave_up_error(message: str, error: ErrorInfo) -> ApplicationError:
+    """The error an activity raises when a step's attempts ran out: the workflow fails the run."""
+    return ApplicationError(message, GAVE_UP_MARKER, type=error.type, non_retryable=True)

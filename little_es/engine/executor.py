@@ -1,0 +1,642 @@
+"""The one step executor: what every engine does to run a step, over a seam that writes the log.
+
+The local scheduler (:mod:`little_es.engine.local`) and the Temporal adapter
+both run a workflow's steps with :class:`StepExecutor`; they differ only in
+how the run's ``Run`` stream is read and written (:class:`RunWriter`) and in
+who retries (the local loop sleeps the backoff; Temporal schedules the next
+activity attempt). The protocol of a task, decision, agent or subworkflow step:
+
+1. :meth:`StepExecutor.begin`: a step with a committed ``StepCompleted`` is not
+   run (:class:`Committed`); a step started and never finished is *in flight*
+   and continues as the same attempt (a crash is not a failure; an agent step
+   continues its harness session); otherwise ``StepStarted`` of the next
+   attempt is committed. Either way the attempt gets its
+   :class:`~little_es.workflow.context.StepContext` (:class:`Begun`).
+2. :meth:`StepExecutor.attempt`: the step's code, then the checks that make a
+   bad result this attempt's failure (a decision's target, an output that is
+   not JSON), or the log would show the step in flight forever.
+3. :meth:`StepExecutor.settle`: ``StepCompleted``, or ``StepFailed`` with the
+   retry decision (the step's :class:`~little_es.workflow.ir.RetryPolicy`
+   within its attempt budget, see :func:`next_attempt`) and the backoff.
+
+Parallel groups (:meth:`~StepExecutor.schedule_group`,
+:meth:`~StepExecutor.complete_group`), sub-runs (:meth:`~StepExecutor.sub_run`),
+and the run's start, end and failure (:func:`open_run`,
+:meth:`~StepExecutor.complete_run`, :meth:`~StepExecutor.fail_run`) are here too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, NamedTuple, TypeAlias, TypeVar
+
+from little_es._frozen import freeze
+from little_es.durability import RunRecorder, encode_output, normalize_output, read_output
+from little_es.engine.integrity import (
+    assert_completed_parallel_replay_matches_input,
+    run_restart_checks,
+)
+from little_es.engine.walk import branch_path
+from little_es.errors import LittleEsError, StepExecutionError
+from little_es.events import Event
+from little_es.harness.session import run_agent_session
+from little_es.ids import session_stream_id
+from little_es.logging import get_logger
+from little_es.materialize import RunFold, StepFold
+from little_es.values import ErrorInfo
+from little_es.workflow.authoring import (
+    AgentStep,
+    DecisionStep,
+    ParallelStep,
+    SubworkflowStep,
+    TaskStep,
+    Workflow,
+)
+from little_es.workflow.context import StepContext
+from little_es.workflow.paths import StepPathParts
+from little_es.workflow.paths import step_path as make_step_path
+from little_es.world import World
+
+__all__ = [
+    "Begun",
+    "CodeStep",
+    "Committed",
+    "ExecutableStep",
+    "GroupScheduled",
+    "Outcome",
+    "Retry",
+    "RunFailedError",
+    "RunStateError",
+    "RunWriter",
+    "StepExecutor",
+    "call_maybe_async",
+    "check_run_request",
+    "completed_step",
+    "execute_step",
+    "next_attempt",
+    "open_run",
+    "outputs_from_fold",
+    "sub_run_id_for",
+]
+
+_log = get_logger()
+
+T = TypeVar("T")
+
+CodeStep: TypeAlias = TaskStep | AgentStep | DecisionStep
+"""A step whose attempt runs its own code (:func:`execute_step`)."""
+
+ExecutableStep: TypeAlias = CodeStep | SubworkflowStep
+"""A step that runs as attempts (a parallel group runs its branches instead)."""
+
+
+class RunFailedError(StepExecutionError):
+    """The run stopped: a step failed and its retries are exhausted. Resume it once fixed."""
+
+    def __init__(self, run_id: str, step_path: str | None, error: ErrorInfo) -> None:
+        self.run_id = run_id
+        self.step_path = step_path
+        self.error = error
+        super().__init__(
+            f"run {run_id!r} failed at step {step_path!r}: {error.type}: {error.message}."
+            " Fix the cause, then resume with the same run id"
+        )
+
+
+class RunStateError(LittleEsError):
+    """The run's log is not in the state a step of the protocol needs (asked out of order)."""
+
+    retryable = False
+
+
+def sub_run_id_for(parent_run_id: str, step_path: str) -> str:
+    """The deterministic id of the sub-run a ``subworkflow`` step starts."""
+    digest = hashlib.sha256(f"{parent_run_id}\x00{step_path}".encode()).hexdigest()[:20]
+    return f"sub_{digest}"
+
+
+def check_run_request(workflow: object, input: object) -> str | None:
+    """Why a run of ``workflow`` with ``input`` cannot be asked for, or None when it can."""
+    if not isinstance(workflow, Workflow):
+        return (
+            f"workflow must be a little_es Workflow, got {type(workflow).__name__}: build one"
+            " with Workflow(id, steps=[...])"
+        )
+    if input is not None and not isinstance(input, Mapping):
+        return f"input must be a mapping (JSON object) or None, got {type(input).__name__}"
+    return None
+
+
+async def call_maybe_async(fn: Callable[..., Any], *args: Any) -> Any:
+    """Call a user function, sync (in a worker thread) or async, and await what it returns."""
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args)
+    result = await asyncio.to_thread(fn, *args)
+    if inspect.isawaitable(result):
+        return await result
+    return result
+
+
+def next_attempt(recorded: StepFold | None, max_attempts: int) -> tuple[int, bool, int]:
+    """``(attempt, in_flight, last_allowed_attempt)`` for a step about to run.
+
+    A step started and never finished is *in flight*: it runs again as the same
+    attempt (a crash is not a failure). After a recorded retryable failure the
+    next attempt follows. The budget is ``max_attempts`` attempts counted from
+    the start, or from the attempt after the last one that gave up
+    (:attr:`~little_es.materialize.StepFold.gave_up_attempt`): a failed run
+    resumed gives the (fixed) code a fresh budget, however often it resumes.
+    """
+    if recorded is None:
+        return 1, False, max_attempts
+    limit = recorded.gave_up_attempt + max_attempts
+    if recorded.status == "running":
+        return recorded.attempts, True, limit
+    return recorded.attempts + 1, False, limit
+
+
+def completed_step(fold: RunFold, step_path: str) -> StepFold | None:
+    """The fold of ``step_path`` when it has a committed ``StepCompleted``, else None."""
+    found = fold.steps.get(step_path)
+    return found if found is not None and found.status == "completed" else None
+
+
+async def execute_step(world: World, step: CodeStep, ctx: StepContext) -> Any:
+    """Run one attempt of a task, decision or agent step's code (no events are written here
+    except the agent's own harness session)."""
+    if isinstance(step, AgentStep):
+        prompt = (
+            step.prompt
+            if isinstance(step.prompt, str)
+            else await call_maybe_async(step.prompt, ctx)
+        )
+        outcome = await run_agent_session(
+            world,
+            run_id=ctx.run_id,
+            step_path=ctx.step_path,
+            attempt=ctx.attempt,
+            model=step.model,
+            tools=tuple(step.tools.values()),
+            prompt=prompt,
+            system=step.system,
+            parameters=step.parameters,
+            max_turns=step.max_turns,
+        )
+        return outcome.output
+    return await call_maybe_async(step.fn, ctx)
+
+
+def outputs_from_fold(world: World, fold: RunFold) -> dict[str, Any]:
+    """The latest committed output of each top-level step, as a step's context shows them."""
+    outputs: dict[str, Any] = {}
+    for path, step in fold.steps.items():
+        if step.status == "completed" and "/" not in path:
+            outputs[step.step_id] = read_output(world, step.output, step.output_ref)
+    return outputs
+
+
+def open_run(
+    world: World,
+    workflow: Workflow,
+    run_id: str,
+    input: Mapping[str, Any] | None,
+    existing: RunRecorder | None,
+    *,
+    parent_run_id: str | None = None,
+    parent_step_path: str | None = None,
+    observer: Callable[[Event], None] | None = None,
+) -> RunRecorder:
+    """Start ``run_id`` (``RunStarted``) when it has no log, else check that it may resume.
+
+    ``existing`` is the run's recorder when its log exists; the restart checks
+    (:func:`~little_es.engine.integrity.run_restart_checks`) run on it and it is
+    returned. The caller holds the run's lease.
+    """
+    if existing is not None:
+        run_restart_checks(world, run_id, existing.fold, workflow, input)
+        return existing
+    return RunRecorder.start(
+        world,
+        run_id=run_id,
+        workflow_id=workflow.id,
+        workflow_version=workflow.version,
+        ir_hash=workflow.ir_hash,
+        input=normalize_output("<input>", dict(input or {})),
+        parent_run_id=parent_run_id,
+        parent_step_path=parent_step_path,
+        observer=observer,
+    )
+
+
+class RunWriter(ABC):
+    """How the executor reads and writes one run's ``Run`` stream: the seam to an engine.
+
+    The local scheduler holds the run's one aggregate in memory and is its only
+    writer. The Temporal adapter's activities may run on several workers at
+    once: its writer catches up with what others appended before it decides,
+    and decides again after a lost optimistic-concurrency race.
+    """
+
+    def __init__(self, world: World, run_id: str) -> None:
+        self.world = world
+        self.run_id = run_id
+
+    @abstractmethod
+    def read(self) -> RunFold:
+        """The run's state to decide on, with everything committed so far."""
+
+    @abstractmethod
+    async def write(self, action: Callable[[RunRecorder], T], *, catch_up: bool = True) -> T:
+        """Run ``action`` (it reads ``recorder.fold``, decides and commits); return its result.
+
+        ``catch_up=False`` lets ``action`` see the state last read: only for an
+        action that commits (the commit checks the stream's version) or returns
+        early on a fact that never goes stale (a committed ``StepCompleted``).
+        """
+
+    @abstractmethod
+    def outputs(self, fold: RunFold) -> Mapping[str, Any]:
+        """The frozen ``outputs`` a step's context shows (latest output per top-level step)."""
+
+
+_UNREAD: Any = object()
+
+
+class Committed(NamedTuple):
+    """A step's committed ``StepCompleted``, as the run's fold holds it."""
+
+    step: StepFold
+    executed: bool
+    """True when this call committed it, False when it was in the log already."""
+    value: Any = _UNREAD
+
+    def output(self, world: World) -> Any:
+        """The committed output (read from its artifact when it is stored by reference)."""
+        if self.value is _UNREAD:
+            return read_output(world, self.step.output, self.step.output_ref)
+        return self.value
+
+
+class Begun(NamedTuple):
+    """A step attempt whose ``StepStarted`` is committed (or that was in flight)."""
+
+    step: ExecutableStep
+    step_path: str
+    visit: int
+    attempt: int
+    limit: int
+    """The last attempt the step's retry budget allows."""
+    in_flight: bool
+    ctx: StepContext | None
+    """The attempt's context (None when the attempt was only looked up, not started)."""
+
+
+class Outcome(NamedTuple):
+    """What an attempt came to: an output (and a decision's target), or a failure."""
+
+    output: Any = None
+    next_step: str | None = None
+    error: ErrorInfo | None = None
+    exception: BaseException | None = None
+
+
+class Retry(NamedTuple):
+    """A recorded failure: whether another attempt follows, and after how many seconds."""
+
+    error: ErrorInfo
+    will_retry: bool
+    delay_s: float = 0.0
+    cause: BaseException | None = None
+
+
+class GroupScheduled(NamedTuple):
+    """A parallel group whose ``ParallelBranchScheduled`` is committed: its branch set."""
+
+    keys: tuple[str, ...]
+    branch_set: Mapping[str, Any]
+
+
+class StepExecutor:
+    """Runs the steps of one run of ``workflow``, writing through ``writer`` (see the module)."""
+
+    def __init__(self, writer: RunWriter, workflow: Workflow) -> None:
+        self.writer = writer
+        self.world = writer.world
+        self.run_id = writer.run_id
+        self.workflow = workflow
+        self._input: Mapping[str, Any] | None = None
+
+    def context(
+        self, fold: RunFold, step_path: str, attempt: int, branch_value: Any = None
+    ) -> StepContext:
+        """The context of an attempt of ``step_path``, over the run's input and outputs."""
+        if self._input is None:
+            self._input = freeze(fold.input or {})
+        return StepContext(
+            run_id=self.run_id,
+            input=self._input,
+            outputs=self.writer.outputs(fold),
+            step_path=step_path,
+            attempt=attempt,
+            branch_value=branch_value,
+        )
+
+    # ------------------------------------------------------------ one step
+
+    async def begin(
+        self,
+        step: ExecutableStep,
+        step_path: str,
+        visit: int,
+        branch_value: Any = None,
+        *,
+        start: bool = True,
+        catch_up: bool = False,
+    ) -> Begun | Committed:
+        """The committed result of ``step_path``, or the attempt to run now.
+
+        The attempt in flight when there is one, else the next one, whose
+        ``StepStarted`` (with the agent's session id) is committed first. With
+        ``start=False`` nothing is written and no context is built: the caller
+        looks up the attempt in flight (``in_flight`` says whether there is one).
+        """
+        max_attempts = step.ir.retry.max_attempts
+        session = isinstance(step, AgentStep)
+
+        def begin(rec: RunRecorder) -> Begun | Committed:
+            recorded = rec.fold.steps.get(step_path)
+            if recorded is not None and recorded.status == "completed":
+                return Committed(recorded, executed=False)
+            attempt, in_flight, limit = next_attempt(recorded, max_attempts)
+            if start and not in_flight:
+                rec.step_started(
+                    step_path,
+                    step_id=step.id,
+                    kind=step.ir.kind,
+                    visit=visit,
+                    attempt=attempt,
+                    session_id=(
+                        session_stream_id(self.run_id, step_path, attempt) if session else None
+                    ),
+                )
+            ctx = self.context(rec.fold, step_path, attempt, branch_value) if start else None
+            return Begun(step, step_path, visit, attempt, limit, in_flight, ctx)
+
+        return await self.writer.write(begin, catch_up=catch_up)
+
+    async def attempt(self, begun: Begun, code: Callable[[], Awaitable[Any]]) -> Outcome:
+        """Await ``code()`` (the attempt's work) and check what it returned; never raises
+        an :class:`Exception` (it is the outcome's)."""
+        try:
+            output = await code()
+            next_step = None
+            if isinstance(begun.step, DecisionStep):
+                next_step = self.workflow.check_decision_target(begun.step.id, output)
+            encode_output(begun.step_path, output)
+        except Exception as exc:
+            return Outcome(error=ErrorInfo.from_exception(exc), exception=exc)
+        return Outcome(output=output, next_step=next_step)
+
+    async def settle(self, begun: Begun, outcome: Outcome) -> Committed | Retry:
+        """Commit the attempt's ``StepCompleted``, or its ``StepFailed`` and the retry decision."""
+        if outcome.error is not None:
+            return await self._fail(begun, outcome.error, outcome.exception)
+        path = begun.step_path
+
+        def complete(rec: RunRecorder) -> Committed:
+            done = completed_step(rec.fold, path)
+            if done is not None:
+                # Another attempt (one Temporal gave up on but that kept running)
+                # committed first; its result is the step's result.
+                return Committed(done, executed=True)
+            value = rec.step_completed(
+                path,
+                step_id=begun.step.id,
+                visit=begun.visit,
+                attempt=begun.attempt,
+                output=outcome.output,
+                next_step=outcome.next_step,
+            )
+            return Committed(rec.fold.steps[path], executed=True, value=value)
+
+        return await self.writer.write(complete, catch_up=False)
+
+    async def _fail(self, begun: Begun, error: ErrorInfo, cause: BaseException | None) -> Retry:
+        will_retry = error.retryable and begun.attempt < begun.limit
+
+        def fail(rec: RunRecorder) -> None:
+            rec.step_failed(
+                begun.step_path,
+                step_id=begun.step.id,
+                visit=begun.visit,
+                attempt=begun.attempt,
+                error=error,
+                will_retry=will_retry,
+            )
+
+        await self.writer.write(fail, catch_up=False)
+        _log.warning(
+            "step failed",
+            run_id=self.run_id,
+            step_path=begun.step_path,
+            attempt=begun.attempt,
+            error=error.message,
+            will_retry=will_retry,
+        )
+        delay = begun.step.ir.retry.backoff_for(begun.attempt) if will_retry else 0.0
+        return Retry(error, will_retry, delay, cause)
+
+    # ------------------------------------------------------------ parallel groups
+
+    async def branch_set(
+        self, fold: RunFold, group: ParallelStep, group_path: str
+    ) -> dict[str, Any]:
+        """The group's branch set, computed by its ``branches(ctx)`` from the run's data."""
+        ctx = self.context(fold, group_path, 1)
+        return group.branch_set(await call_maybe_async(group.branches, ctx))
+
+    async def schedule_group(
+        self, group: ParallelStep, step_path: str, visit: int, fold: RunFold | None = None
+    ) -> Committed | GroupScheduled | Retry:
+        """Start a parallel group: ``StepStarted``, its branch set, ``ParallelBranchScheduled``.
+
+        The branch set is computed from the run's data (``fold``: the state
+        just read, if the caller has it) and compared with the recorded one,
+        for a completed group too (raising
+        :class:`~little_es.errors.ParallelReplayMismatchError`). A completed
+        group gives its committed result; a failing ``branches`` function is
+        recorded as the group's non-retryable failure.
+        """
+        if fold is None:
+            fold = self.writer.read()
+        if step_path not in fold.steps:
+
+            def start(rec: RunRecorder) -> None:
+                if step_path not in rec.fold.steps:
+                    rec.step_started(
+                        step_path, step_id=group.id, kind="parallel", visit=visit, attempt=1
+                    )
+
+            await self.writer.write(start, catch_up=False)
+        try:
+            # The group's own StepStarted changes nothing its branches(ctx) can see.
+            branch_set = await self.branch_set(fold, group, step_path)
+        except Exception as exc:
+            error = ErrorInfo.from_exception(exc, retryable=False)
+
+            def fail(rec: RunRecorder) -> None:
+                rec.step_failed(
+                    step_path,
+                    step_id=group.id,
+                    visit=visit,
+                    attempt=1,
+                    error=error,
+                    will_retry=False,
+                )
+
+            await self.writer.write(fail, catch_up=False)
+            return Retry(error, will_retry=False, cause=exc)
+        keys = tuple(branch_set)
+
+        def schedule(rec: RunRecorder) -> Committed | None:
+            scheduled = rec.fold.parallel_groups.get(step_path)
+            if scheduled is not None:
+                # The seed checks completed groups too: if the branch set the run's
+                # data gives now differs, replay cannot stand in for the original run.
+                assert_completed_parallel_replay_matches_input(
+                    self.run_id, step_path, scheduled, keys
+                )
+            done = completed_step(rec.fold, step_path)
+            if done is not None:
+                return Committed(done, executed=False)
+            if scheduled is None:
+                rec.branches_scheduled(step_path, step_id=group.id, branch_keys=keys)
+            return None
+
+        done = await self.writer.write(schedule)
+        return done if done is not None else GroupScheduled(keys, branch_set)
+
+    async def branch_value(self, fold: RunFold, parts: StepPathParts) -> Any:
+        """The value of the branch ``parts`` names, its group's branch set recomputed and checked.
+
+        For an engine that does not carry branch values from the group to its
+        branches (they may be large): the branch set is a function of the
+        run's data, so each branch computes it again.
+        """
+        group = self.workflow.step(parts.group_id or "")
+        if not isinstance(group, ParallelStep):
+            raise RunStateError(f"step {parts.group_id!r} is not a parallel group")
+        group_path = make_step_path(group.id, visit=parts.group_visit)
+        recorded_keys = fold.parallel_groups.get(group_path)
+        if recorded_keys is None:
+            raise RunStateError(
+                f"run {self.run_id!r}: branch {parts.path!r} runs before its group"
+                f" {group_path!r} recorded ParallelBranchScheduled"
+            )
+        branch_set = await self.branch_set(fold, group, group_path)
+        assert_completed_parallel_replay_matches_input(
+            self.run_id, group_path, recorded_keys, tuple(branch_set)
+        )
+        return branch_set[parts.branch_key or ""]
+
+    async def complete_group(
+        self,
+        group: ParallelStep,
+        step_path: str,
+        visit: int,
+        branch_outputs: Sequence[Any] | None = None,
+    ) -> Committed:
+        """Commit a parallel group's ``StepCompleted``: its branches' outputs by branch key.
+
+        ``branch_outputs`` are the outputs in branch key order, when the caller
+        has them; else they are read from the run's log.
+        """
+
+        def complete(rec: RunRecorder) -> Committed:
+            done = completed_step(rec.fold, step_path)
+            if done is not None:
+                return Committed(done, executed=False)
+            keys = rec.fold.parallel_groups.get(step_path)
+            if keys is None:
+                raise RunStateError(f"group {step_path!r} completes before it was scheduled")
+            if branch_outputs is not None:
+                output = dict(zip(keys, branch_outputs, strict=True))
+            else:
+                output = {key: self._branch_output(rec.fold, group, visit, key) for key in keys}
+            value = rec.step_completed(
+                step_path, step_id=group.id, visit=visit, attempt=1, output=output
+            )
+            return Committed(rec.fold.steps[step_path], executed=True, value=value)
+
+        return await self.writer.write(complete)
+
+    def _branch_output(self, fold: RunFold, group: ParallelStep, visit: int, key: str) -> Any:
+        path = branch_path(group.ir, key, visit)
+        branch = completed_step(fold, path)
+        if branch is None:
+            raise RunStateError(f"group {group.id!r} completes before its branch {path!r}")
+        return read_output(self.world, branch.output, branch.output_ref)
+
+    # ------------------------------------------------------------ sub-runs
+
+    async def sub_run(self, begun: Begun) -> tuple[str, dict[str, Any]]:
+        """Reserve the sub-run of a subworkflow step (``SubRunReserved``, once): its id, input."""
+        step = begun.step
+        if not isinstance(step, SubworkflowStep) or begun.ctx is None:
+            raise RunStateError(f"step {begun.step_path!r} is not a started subworkflow step")
+        sub_run_id = sub_run_id_for(self.run_id, begun.step_path)
+        workflow_id = step.workflow.id
+
+        def reserve(rec: RunRecorder) -> None:
+            if sub_run_id not in rec.fold.sub_run_ids:
+                rec.sub_run_reserved(
+                    begun.step_path, sub_run_id=sub_run_id, workflow_id=workflow_id
+                )
+
+        await self.writer.write(reserve)
+        ctx = begun.ctx
+        child_input = ctx.input if step.input is None else await call_maybe_async(step.input, ctx)
+        return sub_run_id, dict(child_input)
+
+    # ------------------------------------------------------------ the run's end
+
+    async def complete_run(self, output_step_path: str | None) -> RunFold:
+        """Commit ``RunCompleted`` (once) with the output of ``output_step_path`` (None: none)."""
+
+        def complete(rec: RunRecorder) -> RunFold:
+            if rec.fold.status != "completed":
+                output: Any = None
+                if output_step_path is not None:
+                    step = completed_step(rec.fold, output_step_path)
+                    if step is None:
+                        raise RunStateError(
+                            f"run {self.run_id!r} completes before step {output_step_path!r}"
+                        )
+                    output = read_output(self.world, step.output, step.output_ref)
+                rec.run_completed(output)
+            return rec.fold
+
+        return await self.writer.write(complete)
+
+    async def fail_run(self, *, step_path: str | None, error: ErrorInfo | None = None) -> None:
+        """Commit ``RunFailed`` (unless the run is failed already): at ``step_path``, whose
+        recorded error is the run's unless ``error`` is given, or with ``error`` alone."""
+
+        def fail(rec: RunRecorder) -> None:
+            if rec.fold.status == "failed":
+                return
+            found = error
+            if found is None and step_path is not None:
+                step = rec.fold.steps.get(step_path)
+                found = step.error if step is not None else None
+            if found is None:
+                raise RunStateError(
+                    f"run {self.run_id!r}: failing it needs an error or a failed step path"
+                )
+            rec.run_failed(found, step_path=step_path)
+
+        await self.writer.write(fail)

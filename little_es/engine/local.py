@@ -1,0 +1,283 @@
+"""The local scheduler: run a workflow in-process on asyncio, resumable after any crash.
+
+``run_workflow(world, workflow, input, run_id=...)`` starts a run, or resumes it
+when the run id already has a log. It is the walk (:mod:`little_es.engine.walk`)
+and the step executor (:mod:`little_es.engine.executor`) under the run's lease.
+Resuming walks the workflow in the order it ran before, using the log instead
+of the code for everything committed:
+
+* a step with a committed ``StepCompleted`` is not run; its recorded output is
+  used (and for a decision, its recorded target);
+* visit counters are recounted from the walk, so ``review@2`` is the same path
+  in every process;
+* a parallel group recomputes its branch set and compares it with the recorded
+  ``ParallelBranchScheduled`` before running any branch;
+* the first step without a terminal event runs again with the same attempt
+  number (an agent step continues its harness session, fast-forwarding every
+  committed model and tool call).
+
+Before anything runs, the restart checks of :mod:`little_es.engine.integrity`
+refuse a log that the code no longer matches. A lease (:meth:`World.run_lease`)
+makes sure only one process drives a run at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from little_es._frozen import FrozenDict, freeze
+from little_es.durability import RunRecorder, read_output
+from little_es.engine.executor import (
+    Begun,
+    Committed,
+    Retry,
+    RunFailedError,
+    RunWriter,
+    StepExecutor,
+    check_run_request,
+    execute_step,
+    open_run,
+)
+from little_es.engine.walk import StepVisit, VisitLimitError, Walk, branch_path, gather_branches
+from little_es.errors import LittleEsError
+from little_es.events import Event
+from little_es.ids import new_run_id, validate_run_id
+from little_es.logging import get_logger
+from little_es.materialize import MaterializedRunState, RunFold
+from little_es.values import ErrorInfo
+from little_es.workflow.authoring import (
+    BranchStep,
+    ParallelStep,
+    Step,
+    SubworkflowStep,
+    Workflow,
+)
+from little_es.world import World
+
+__all__ = ["RunResult", "current_run_recorder", "run_workflow"]
+
+_log = get_logger()
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, repr=False)
+class RunResult:
+    """What :func:`run_workflow` returns: the run's output and its materialized state."""
+
+    run_id: str
+    output: Any
+    state: MaterializedRunState
+    resumed: bool
+    """True when the run id already had a log."""
+    steps_executed: int
+    """Step executions (attempts) that ran code in this call."""
+
+    def __repr__(self) -> str:
+        # Not the whole state: it can hold thousands of steps, and asyncio.run()
+        # formats the repr of its main task's result as it returns (3.11).
+        return (
+            f"RunResult(run_id={self.run_id!r}, status={self.state.status!r},"
+            f" steps={len(self.state.steps)}, resumed={self.resumed},"
+            f" steps_executed={self.steps_executed})"
+        )
+
+
+_current_recorder: ContextVar[RunRecorder | None] = ContextVar(
+    "little_es_current_recorder", default=None
+)
+
+
+def current_run_recorder() -> RunRecorder | None:
+    """The recorder of the run whose step code is running in this context, else None.
+
+    The local scheduler sets it around each task, decision and agent step, so a
+    tool called by an agent (``start_workflow``) writes the run's own stream
+    through the one object that holds its ``Run`` aggregate in memory.
+    """
+    return _current_recorder.get()
+
+
+class _LocalWriter(RunWriter):
+    """The run's one in-memory recorder: this process is its only writer (it holds the lease)."""
+
+    def __init__(self, recorder: RunRecorder) -> None:
+        super().__init__(recorder.world, recorder.run_id)
+        self.recorder = recorder
+        # Each output is frozen once, when the walk gets it; the read-only view
+        # handed to step contexts is rebuilt only after an output changed, by a
+        # C-level copy. StepContext would otherwise re-freeze every output for
+        # every step, O(steps) Python work per step.
+        self._outputs: dict[str, Any] = {}
+        self._view: FrozenDict[str, Any] | None = None
+
+    def read(self) -> RunFold:
+        return self.recorder.fold
+
+    async def write(self, action: Callable[[RunRecorder], T], *, catch_up: bool = True) -> T:
+        return action(self.recorder)
+
+    def outputs(self, fold: RunFold) -> FrozenDict[str, Any]:
+        if self._view is None:
+            view: FrozenDict[str, Any] = FrozenDict()
+            dict.update(view, self._outputs)  # the values are frozen already
+            self._view = view
+        return self._view
+
+    def set_output(self, step_id: str, output: Any) -> None:
+        """Show ``output`` as step ``step_id``'s to the steps that follow."""
+        self._outputs[step_id] = freeze(output)
+        self._view = None
+
+
+class _RetriesExhaustedError(Exception):
+    def __init__(self, step_path: str, error: ErrorInfo) -> None:
+        super().__init__(step_path)
+        self.step_path = step_path
+        self.error = error
+
+
+class _Scheduler:
+    def __init__(self, workflow: Workflow, recorder: RunRecorder) -> None:
+        self.world = recorder.world
+        self.workflow = workflow
+        self.run_id = recorder.run_id
+        self.writer = _LocalWriter(recorder)
+        self.executor = StepExecutor(self.writer, workflow)
+        self.executed = 0
+
+    async def drive(self) -> str | None:
+        """Walk the workflow to END; return the path of the step whose output is the run's."""
+        return await Walk(self.workflow.ir, self.run_id).drive(self._visit)
+
+    async def _visit(self, visit: StepVisit) -> Any:
+        step = self.workflow.step(visit.step.id)
+        result = await self._step(step, visit.path, visit.visit)
+        self.writer.set_output(step.id, result)
+        return result
+
+    async def _step(self, step: Step, path: str, visit: int, branch_value: Any = None) -> Any:
+        if isinstance(step, ParallelStep):
+            return await self._parallel(step, path, visit)
+        while True:
+            begun = await self.executor.begin(step, path, visit, branch_value)
+            if isinstance(begun, Committed):
+                return begun.output(self.world)
+            self.executed += 1
+            outcome = await self.executor.attempt(begun, functools.partial(self._execute, begun))
+            settled = await self.executor.settle(begun, outcome)
+            if isinstance(settled, Committed):
+                return settled.output(self.world)
+            if not settled.will_retry:
+                raise _RetriesExhaustedError(path, settled.error) from outcome.exception
+            await asyncio.sleep(settled.delay_s)
+
+    async def _execute(self, begun: Begun) -> Any:
+        step, ctx = begun.step, begun.ctx
+        assert ctx is not None
+        if isinstance(step, SubworkflowStep):
+            sub_run_id, child_input = await self.executor.sub_run(begun)
+            result = await run_workflow(
+                self.world,
+                step.workflow,
+                child_input,
+                run_id=sub_run_id,
+                _parent=(self.run_id, ctx.step_path),
+            )
+            return result.output
+        token = _current_recorder.set(self.writer.recorder)
+        try:
+            return await execute_step(self.world, step, ctx)
+        finally:
+            _current_recorder.reset(token)
+
+    async def _parallel(self, group: ParallelStep, path: str, visit: int) -> Any:
+        plan = await self.executor.schedule_group(group, path, visit)
+        if isinstance(plan, Committed):
+            return plan.output(self.world)
+        if isinstance(plan, Retry):
+            raise _RetriesExhaustedError(path, plan.error) from plan.cause
+        inner: BranchStep = group.step
+        branch_set = plan.branch_set
+
+        async def branch(key: str) -> Any:
+            return await self._step(inner, branch_path(group.ir, key, visit), 1, branch_set[key])
+
+        outputs = await gather_branches(plan.keys, group.max_concurrency, branch)
+        done = await self.executor.complete_group(group, path, visit, outputs)
+        return done.output(self.world)
+
+
+async def run_workflow(
+    world: World,
+    workflow: Workflow,
+    input: Mapping[str, Any] | None = None,
+    *,
+    run_id: str | None = None,
+    observer: Callable[[Event], None] | None = None,
+    _parent: tuple[str, str] | None = None,
+) -> RunResult:
+    """Run ``workflow`` to the end, or resume the run ``run_id`` where its log stops.
+
+    A new (or no) ``run_id`` starts a run with ``input``; an existing one resumes
+    it (``input`` may be omitted, and must equal the recorded one if given).
+    A completed run returns its recorded result without running anything.
+
+    Raises :class:`~little_es.engine.executor.RunFailedError` when a step fails
+    with its retries exhausted (the failure is recorded; resume later), a
+    :class:`~little_es.errors.RuntimeIntegrityError` when the log does not match
+    the code, and :class:`~little_es.errors.ConcurrentRunError` when another
+    process is driving the run.
+    """
+    problem = check_run_request(workflow, input)
+    if problem is not None:
+        raise TypeError(problem)
+    run_id = validate_run_id(run_id) if run_id is not None else new_run_id()
+    with world.run_lease(run_id):
+        existing = RunRecorder.load(world, run_id, observer=observer)
+        recorder = open_run(
+            world,
+            workflow,
+            run_id,
+            input,
+            existing,
+            parent_run_id=_parent[0] if _parent else None,
+            parent_step_path=_parent[1] if _parent else None,
+            observer=observer,
+        )
+        resumed = existing is not None
+        if recorder.fold.status == "completed":
+            return _result(world, recorder.fold, resumed=True, executed=0)
+        scheduler = _Scheduler(workflow, recorder)
+        log = _log.bind(run_id=run_id, workflow_id=workflow.id)
+        log.info("run resumed" if resumed else "run started")
+        try:
+            output_path = await scheduler.drive()
+        except _RetriesExhaustedError as gave_up:
+            await scheduler.executor.fail_run(step_path=gave_up.step_path, error=gave_up.error)
+            raise RunFailedError(run_id, gave_up.step_path, gave_up.error) from gave_up.__cause__
+        except VisitLimitError as exc:
+            error = ErrorInfo.from_exception(exc, retryable=False)
+            await scheduler.executor.fail_run(step_path=None, error=error)
+            raise
+        except LittleEsError:
+            raise
+        fold = await scheduler.executor.complete_run(output_path)
+        log.info("run completed", steps_executed=scheduler.executed)
+        return _result(world, fold, resumed=resumed, executed=scheduler.executed)
+
+
+def _result(world: World, fold: RunFold, *, resumed: bool, executed: int) -> RunResult:
+    assert fold.run_id is not None
+    return RunResult(
+        run_id=fold.run_id,
+        output=read_output(world, fold.output, fold.output_ref),
+        state=fold.freeze(),
+        resumed=resumed,
+        steps_executed=executed,
+    )
