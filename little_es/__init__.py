@@ -5,11 +5,7 @@ The public API is re-exported here; everything else is internal. See the README.
 
 from little_es.artifacts import HydratedArtifact
 from little_es.domain import HarnessSession, OuterLoop, Run
-from little_es.durability import OutputNotSerializableError
-from little_es.engine.executor import RunFailedError
-from little_es.engine.integrity import RunInputMismatchError
 from little_es.engine.local import RunResult, run_workflow
-from little_es.engine.walk import VisitLimitError
 from little_es.errors import (
     ArtifactError,
     ArtifactIntegrityError,
@@ -18,19 +14,38 @@ from little_es.errors import (
     CapabilityDriftError,
     ConcurrencyConflictError,
     ConcurrentRunError,
+    ConversationDivergedError,
     EventLogError,
     EventPayloadError,
+    InvalidBranchSetError,
     InvalidRunIdError,
+    InvalidStepPathError,
     LittleEsError,
+    LoggingConfigError,
+    ModelConfigError,
     ModelError,
+    OrchestratorContextError,
+    OutputNotSerializableError,
     ParallelReplayMismatchError,
+    PricingError,
+    RunFailedError,
+    RunInputMismatchError,
     RunNotFoundError,
+    RunsProjectionError,
+    RunStateError,
     RuntimeIntegrityError,
+    SessionInputError,
     StepExecutionError,
+    SubRunFailedError,
+    ToolArgumentsError,
     ToolError,
+    TurnLimitExceededError,
     UnknownEventTypeError,
+    UnknownStepError,
+    VisitLimitError,
     WorkflowChangedError,
     WorkflowDefinitionError,
+    WorkflowRefError,
     WorldConfigError,
 )
 from little_es.events import (
@@ -54,14 +69,9 @@ from little_es.events import (
     ToolCallStarted,
     ToolCallSucceeded,
 )
-from little_es.harness.model import Model, ModelConfigError, ScriptedModel, ScriptedReply
-from little_es.harness.session import (
-    ConversationDivergedError,
-    SessionOutcome,
-    TurnLimitExceededError,
-    run_agent_session,
-)
-from little_es.harness.tools import Tool, ToolArgumentsError, ToolContext, resolve_tools, tool
+from little_es.harness.model import Model, ScriptedModel, ScriptedReply
+from little_es.harness.session import SessionOutcome, run_agent_session
+from little_es.harness.tools import Tool, ToolContext, resolve_tools, tool
 from little_es.ids import new_run_id, validate_run_id
 from little_es.logging import configure_logging, get_logger
 from little_es.materialize import (
@@ -72,7 +82,6 @@ from little_es.materialize import (
 )
 from little_es.orchestrator import (
     RunTree,
-    SubRunFailedError,
     SubRunSummary,
     list_sub_runs,
     run_tree,
@@ -80,7 +89,6 @@ from little_es.orchestrator import (
 )
 from little_es.pricing import (
     ModelInfo,
-    PricingError,
     get_model_info_for,
     price_usage,
     register_model_price,
@@ -129,8 +137,11 @@ __all__ = [
     "HarnessEvent",
     "HarnessSession",
     "HydratedArtifact",
+    "InvalidBranchSetError",
     "InvalidRunIdError",
+    "InvalidStepPathError",
     "LittleEsError",
+    "LoggingConfigError",
     "MaterializedRunState",
     "Message",
     "Model",
@@ -141,6 +152,7 @@ __all__ = [
     "ModelRequest",
     "ModelResponded",
     "ModelResponse",
+    "OrchestratorContextError",
     "OuterLoop",
     "OuterLoopEvent",
     "OutputNotSerializableError",
@@ -159,12 +171,15 @@ __all__ = [
     "RunNotFoundError",
     "RunResult",
     "RunStarted",
+    "RunStateError",
     "RunSummary",
     "RunTree",
+    "RunsProjectionError",
     "RuntimeIntegrityError",
     "ScriptedModel",
     "ScriptedReply",
     "SessionCompleted",
+    "SessionInputError",
     "SessionOutcome",
     "SessionStarted",
     "StepCompleted",
@@ -187,12 +202,14 @@ __all__ = [
     "ToolSpec",
     "TurnLimitExceededError",
     "UnknownEventTypeError",
+    "UnknownStepError",
     "Usage",
     "UsageTotals",
     "VisitLimitError",
     "Workflow",
     "WorkflowChangedError",
     "WorkflowDefinitionError",
+    "WorkflowRefError",
     "World",
     "WorldConfigError",
     "agent",

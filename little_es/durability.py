@@ -43,7 +43,7 @@ import orjson
 from pydantic import BaseModel
 
 from little_es.domain import Run
-from little_es.errors import LittleEsError, RunNotFoundError
+from little_es.errors import OutputNotSerializableError, RunNotFoundError
 from little_es.events import (
     Event,
     ParallelBranchScheduled,
@@ -64,10 +64,6 @@ OUTPUT_INLINE_LIMIT = 64 * 1024
 """Outputs whose JSON is larger than this many bytes are stored as artifacts."""
 
 OUTPUT_MEDIA_TYPE = "application/json"
-
-
-class OutputNotSerializableError(LittleEsError, TypeError):
-    """A step returned a value that cannot be stored as JSON."""
 
 
 def _default(value: Any) -> Any:

@@ -1,14 +1,67 @@
-"""The exception hierarchy of little_es.
+"""Every public exception of little_es, and how they relate.
 
-Every error a user can meet derives from :class:`LittleEsError`, and each one's
-message says what happened and what to do about it.
+Every error a user can meet derives from :class:`LittleEsError`, and each
+one's message says what happened and what to do about it. Catch a branch to
+handle a family::
+
+    LittleEsError
+    ├── InvalidRunIdError (ValueError)       a run id is not 1-128 of [A-Za-z0-9_.-]
+    ├── WorldConfigError (ValueError)        a world URL or data directory is unusable
+    ├── RunNotFoundError (LookupError)       no run with this id in the world
+    ├── LoggingConfigError (ValueError)      a log level or LITTLE_ES_LOG_* value
+    ├── PricingError (ValueError)            a price or a pricing argument
+    ├── WorkflowRefError (ValueError)        a `module:attribute` that names no Workflow
+    ├── SessionInputError (ValueError)       an unusable agent-session argument
+    ├── ModelConfigError (ValueError)        a model built with invalid arguments
+    ├── OutputNotSerializableError (TypeError)  a step output that is not JSON
+    ├── EventLogError                        a stored event cannot be read
+    │   ├── UnknownEventTypeError (LookupError)
+    │   └── EventPayloadError (ValueError)
+    ├── ConcurrencyConflictError             another writer appended first
+    │   └── ConcurrentRunError               another process drives this run
+    ├── RunsProjectionError                  the runs read model cannot catch up
+    ├── RunStateError                        the log is not where a protocol step needs it
+    ├── ArtifactError
+    │   ├── ArtifactNotFoundError (LookupError)
+    │   └── ArtifactIntegrityError
+    ├── WorkflowDefinitionError (ValueError) an invalid workflow definition
+    │   ├── InvalidStepPathError
+    │   ├── UnknownStepError (LookupError)
+    │   ├── InvalidBranchSetError
+    │   └── VisitLimitError                  (also a StepExecutionError)
+    ├── StepExecutionError                   a step or the run stopped
+    │   ├── VisitLimitError
+    │   ├── RunFailedError                   retries ran out; resume once fixed
+    │   ├── TurnLimitExceededError
+    │   ├── SubRunFailedError
+    │   └── OrchestratorContextError
+    ├── RuntimeIntegrityError                the log and the code disagree: nothing runs
+    │   ├── WorkflowChangedError
+    │   ├── ArtifactMismatchError
+    │   ├── ParallelReplayMismatchError
+    │   ├── CapabilityDriftError
+    │   ├── RunInputMismatchError
+    │   └── ConversationDivergedError
+    ├── ModelError                           a model provider call failed
+    └── ToolError
+        └── ToolArgumentsError (ValueError)
+
+The Temporal adapter's own errors (``little_es_temporal.errors``) derive from
+:class:`LittleEsError` too.
 """
 
 from __future__ import annotations
 
+from little_es.values import ErrorInfo
+
+# -------------------------------------------------------------- the base
+
 
 class LittleEsError(Exception):
     """Base class of every little_es error."""
+
+
+# ------------------------------------------- bad input and configuration
 
 
 class InvalidRunIdError(LittleEsError, ValueError):
@@ -31,6 +84,33 @@ class RunNotFoundError(LittleEsError, LookupError):
         )
 
 
+class LoggingConfigError(LittleEsError, ValueError):
+    """A log level or ``LITTLE_ES_LOG_*`` environment value is not one little_es understands."""
+
+
+class PricingError(LittleEsError, ValueError):
+    """A pricing call got an invalid argument: empty name, negative price, inconsistent usage."""
+
+
+class WorkflowRefError(LittleEsError, ValueError):
+    """A ``module:attribute`` reference does not name a Workflow."""
+
+
+class SessionInputError(LittleEsError, ValueError):
+    """An argument of a harness session (model, tools, prompt, parameters, ...) is unusable."""
+
+
+class ModelConfigError(LittleEsError, ValueError):
+    """A model was constructed with invalid arguments (empty id, conflicting options, ...)."""
+
+
+class OutputNotSerializableError(LittleEsError, TypeError):
+    """A step returned a value that cannot be stored as JSON."""
+
+
+# -------------------------------------------------------- the stored log
+
+
 class EventLogError(LittleEsError):
     """A stored event cannot be read: unknown type, malformed payload, or tampered log."""
 
@@ -51,6 +131,19 @@ class ConcurrentRunError(ConcurrencyConflictError):
     """Another process is making progress on this run; this one stopped without running anything."""
 
 
+class RunsProjectionError(LittleEsError):
+    """The runs read model cannot be brought up to date (unreadable event, unknown backend)."""
+
+
+class RunStateError(LittleEsError):
+    """The run's log is not in the state a step of the protocol needs (asked out of order)."""
+
+    retryable = False
+
+
+# ------------------------------------------------------------- artifacts
+
+
 class ArtifactError(LittleEsError):
     """An artifact is missing, or its bytes do not match its recorded sha256."""
 
@@ -63,12 +156,93 @@ class ArtifactIntegrityError(ArtifactError):
     """An artifact's stored bytes do not hash to the sha256 its reference records."""
 
 
+# -------------------------------------------------- workflow definitions
+
+
 class WorkflowDefinitionError(LittleEsError, ValueError):
     """A workflow definition is invalid (duplicate step ids, unknown jump target, ...)."""
 
 
+class InvalidStepPathError(WorkflowDefinitionError):
+    """A step path, or one of the parts it is built from, does not follow the step path grammar."""
+
+
+class UnknownStepError(WorkflowDefinitionError, LookupError):
+    """A step id (asked for, or returned by a decision) is not a step of the workflow."""
+
+
+class InvalidBranchSetError(WorkflowDefinitionError):
+    """A parallel group's ``branches`` function returned something that is not a branch set."""
+
+
+# -------------------------------------------------------- step execution
+
+
 class StepExecutionError(LittleEsError):
     """A step failed and its retries are exhausted; the run is recorded as failed."""
+
+
+class VisitLimitError(StepExecutionError, WorkflowDefinitionError):
+    """A decision jumped to a step that has used all of its ``max_visits``."""
+
+    @classmethod
+    def for_step(cls, run_id: str, step_id: str, visit: int, max_visits: int) -> VisitLimitError:
+        """The error for visit ``visit`` of ``step_id``, worded the same by every engine."""
+        return cls(
+            f"run {run_id!r}: step {step_id!r} would be visited {visit} times, but"
+            f" max_visits={max_visits}: raise max_visits or make the decision leave the loop"
+        )
+
+
+class RunFailedError(StepExecutionError):
+    """The run stopped: a step failed and its retries are exhausted. Resume it once fixed."""
+
+    def __init__(self, run_id: str, step_path: str | None, error: ErrorInfo) -> None:
+        self.run_id = run_id
+        self.step_path = step_path
+        self.error = error
+        super().__init__(
+            f"run {run_id!r} failed at step {step_path!r}: {error.type}: {error.message}."
+            " Fix the cause, then resume with the same run id"
+        )
+
+
+class TurnLimitExceededError(StepExecutionError):
+    """The model was still calling tools after ``max_turns`` model calls.
+
+    Nothing is recorded for the calls the last response asked for, and the
+    session is not marked completed. Not retryable: the same attempt would
+    stop at the same place; raise ``max_turns`` or tighten the prompt.
+    """
+
+    retryable = False
+
+
+class SubRunFailedError(StepExecutionError):
+    """A sub-run started by ``start_workflow`` failed; the tool call fails with this error.
+
+    The orchestrator's model sees it as the call's result and decides what to
+    do. The sub-run's failure is recorded in its own log; it can be resumed.
+    """
+
+    def __init__(self, sub_run_id: str, step_path: str | None, error: ErrorInfo) -> None:
+        self.sub_run_id = sub_run_id
+        self.step_path = step_path
+        self.error = error
+        self.retryable = error.retryable
+        super().__init__(
+            f"sub-run {sub_run_id!r} failed at step {step_path!r}: {error.type}: {error.message}"
+        )
+
+
+class OrchestratorContextError(StepExecutionError):
+    """``start_workflow`` ran outside an agent step of the local runtime, or without its
+    recorded ``sub_run_id``; it cannot reserve a sub-run there."""
+
+    retryable = False
+
+
+# ------------------------------ integrity: the log and the code disagree
 
 
 class RuntimeIntegrityError(LittleEsError):
@@ -95,6 +269,24 @@ class CapabilityDriftError(RuntimeIntegrityError):
     """An agent step's harness manifest (model, prompt, tools, ...) changed since it started."""
 
 
+class RunInputMismatchError(RuntimeIntegrityError):
+    """A resume was asked for with an input other than the one the run started with."""
+
+
+class ConversationDivergedError(RuntimeIntegrityError):
+    """A resumed session's rebuilt conversation does not match what its log recorded.
+
+    The user prompt (or the recorded responses and results) differ from those
+    the session was started with, so the recorded calls cannot stand in for
+    new ones.
+    """
+
+    retryable = False
+
+
+# ------------------------------------------------------ models and tools
+
+
 class ModelError(LittleEsError):
     """A model provider call failed. ``retryable`` says whether trying again can help."""
 
@@ -109,3 +301,16 @@ class ModelError(LittleEsError):
 
 class ToolError(LittleEsError):
     """A tool's arguments did not validate, or the model named a tool that does not exist."""
+
+
+class ToolArgumentsError(ToolError, ValueError):
+    """The arguments a model sent do not validate against the tool's schema.
+
+    ``tool`` is the tool's name and ``fields`` the dotted paths of the
+    arguments that failed (``""`` for the arguments object itself).
+    """
+
+    def __init__(self, message: str, *, tool: str, fields: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.tool = tool
+        self.fields = fields

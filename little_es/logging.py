@@ -23,9 +23,9 @@ import orjson
 import structlog
 from structlog.typing import FilteringBoundLogger, Processor
 
-from little_es.errors import LittleEsError
+from little_es.errors import LoggingConfigError
 
-__all__ = ["LibraryLogger", "LoggingConfigError", "configure_logging", "get_logger"]
+__all__ = ["LibraryLogger", "configure_logging", "get_logger"]
 
 _LEVELS: Final = {
     "DEBUG": _stdlib_logging.DEBUG,
@@ -39,10 +39,6 @@ _FALSE: Final = frozenset({"", "0", "false", "no", "off"})
 
 _JSON_ENV: Final = "LITTLE_ES_LOG_JSON"
 _LEVEL_ENV: Final = "LITTLE_ES_LOG_LEVEL"
-
-
-class LoggingConfigError(LittleEsError, ValueError):
-    """A log level or ``LITTLE_ES_LOG_*`` environment value is not one little_es understands."""
 
 
 class LibraryLogger:

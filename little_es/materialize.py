@@ -34,6 +34,7 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict
 
 from little_es._frozen import FrozenDict, freeze
+from little_es.errors import InvalidStepPathError
 from little_es.events import (
     Event,
     ModelCalled,
@@ -54,7 +55,7 @@ from little_es.events import (
     ToolCallSucceeded,
 )
 from little_es.values import ArtifactRef, ErrorInfo, JSONValue, Pricer, Usage, UsageTotals
-from little_es.workflow.paths import InvalidStepPathError, visit_key
+from little_es.workflow.paths import visit_key
 
 StepStatus = Literal["pending", "running", "completed", "failed"]
 RunStatus = Literal["pending", "running", "completed", "failed"]

@@ -51,22 +51,24 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from little_es.engine.executor import RunFailedError
 from little_es.engine.local import current_run_recorder, run_workflow
-from little_es.errors import StepExecutionError
+from little_es.errors import (
+    OrchestratorContextError,
+    RunFailedError,
+    SubRunFailedError,
+    ToolArgumentsError,
+)
 from little_es.events import SubRunReserved
-from little_es.harness.tools import Tool, ToolArgumentsError, ToolContext
+from little_es.harness.tools import Tool, ToolContext
 from little_es.ids import validate_run_id
 from little_es.materialize import COUNTED_ONLY, MaterializedRunState, RunStatus
-from little_es.values import ErrorInfo, JSONValue, UsageTotals
+from little_es.values import JSONValue, UsageTotals
 from little_es.workflow.authoring import Workflow
 from little_es.world import World
 
 __all__ = [
     "SUB_RUN_ID_ARG",
-    "OrchestratorContextError",
     "RunTree",
-    "SubRunFailedError",
     "SubRunSummary",
     "list_sub_runs",
     "run_tree",
@@ -77,30 +79,6 @@ __all__ = [
 
 SUB_RUN_ID_ARG = "sub_run_id"
 """The argument ``start_workflow`` adds to each call before it is recorded."""
-
-
-class SubRunFailedError(StepExecutionError):
-    """A sub-run started by ``start_workflow`` failed; the tool call fails with this error.
-
-    The orchestrator's model sees it as the call's result and decides what to
-    do. The sub-run's failure is recorded in its own log; it can be resumed.
-    """
-
-    def __init__(self, sub_run_id: str, step_path: str | None, error: ErrorInfo) -> None:
-        self.sub_run_id = sub_run_id
-        self.step_path = step_path
-        self.error = error
-        self.retryable = error.retryable
-        super().__init__(
-            f"sub-run {sub_run_id!r} failed at step {step_path!r}: {error.type}: {error.message}"
-        )
-
-
-class OrchestratorContextError(StepExecutionError):
-    """``start_workflow`` ran outside an agent step of the local runtime, or without its
-    recorded ``sub_run_id``; it cannot reserve a sub-run there."""
-
-    retryable = False
 
 
 def sub_run_id_for_call(parent_run_id: str, session_id: str, call_id: str) -> str:

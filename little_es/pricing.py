@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from little_es.errors import LittleEsError
+from little_es.errors import PricingError
 from little_es.values import Usage
 
 if TYPE_CHECKING:
@@ -57,16 +57,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ModelInfo",
-    "PricingError",
     "get_model_info_for",
     "price_usage",
     "register_model_price",
     "unregister_model_price",
 ]
-
-
-class PricingError(LittleEsError, ValueError):
-    """A pricing call got an invalid argument: empty name, negative price, inconsistent usage."""
 
 
 class ModelInfo(BaseModel):

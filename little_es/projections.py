@@ -51,7 +51,7 @@ from eventsourcing.sqlite import SQLiteCursor, SQLiteFactory, SQLiteTrackingReco
 from pydantic import BaseModel, ConfigDict
 
 from little_es.codec import PydanticMapper
-from little_es.errors import EventLogError, LittleEsError
+from little_es.errors import EventLogError, RunsProjectionError
 from little_es.events import Event, RunStarted, StepStarted
 from little_es.materialize import MaterializedRunState, RunFold, RunStatus, apply
 from little_es.values import UsageTotals
@@ -61,7 +61,6 @@ __all__ = [
     "MemoryRunsView",
     "RunSummary",
     "RunsProjection",
-    "RunsProjectionError",
     "RunsView",
     "SQLiteRunsView",
     "list_runs",
@@ -71,10 +70,6 @@ _PAGE_SIZE = 1000
 _RUNS_TABLE = "little_es_runs"
 _STREAMS_TABLE = "little_es_run_streams"
 _TRACKING_TABLE = "little_es_runs_tracking"
-
-
-class RunsProjectionError(LittleEsError):
-    """The runs read model cannot be brought up to date (unreadable event, unknown backend)."""
 
 
 class RunSummary(BaseModel):

@@ -14,8 +14,7 @@ import openai
 import pytest
 
 from little_es.contrib.openai import OpenAIChatModel
-from little_es.errors import ModelError
-from little_es.harness.model import ModelConfigError
+from little_es.errors import ModelConfigError, ModelError
 from little_es.harness.tools import tool
 from little_es.values import Message, ModelRequest, ToolCall, Usage
 

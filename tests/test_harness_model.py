@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from little_es.errors import ModelError
-from little_es.harness.model import Model, ModelConfigError, ScriptedModel, ScriptedReply
+from little_es.errors import ModelConfigError, ModelError
+from little_es.harness.model import Model, ScriptedModel, ScriptedReply
 from little_es.values import Message, ModelRequest, ModelResponse, ToolCall, Usage
 
 

@@ -13,7 +13,15 @@ import orjson
 import pytest
 
 from little_es.domain import HarnessSession
-from little_es.errors import CapabilityDriftError, InvalidRunIdError, ModelError, ToolError
+from little_es.errors import (
+    CapabilityDriftError,
+    ConversationDivergedError,
+    InvalidRunIdError,
+    ModelError,
+    SessionInputError,
+    ToolError,
+    TurnLimitExceededError,
+)
 from little_es.events import (
     Event,
     ModelCalled,
@@ -24,19 +32,9 @@ from little_es.events import (
     ToolCallStarted,
     ToolCallSucceeded,
 )
-from little_es.harness.manifest import (
-    SessionInputError,
-    assert_session_manifest_consistent,
-    compute_manifest,
-)
+from little_es.harness.manifest import assert_session_manifest_consistent, compute_manifest
 from little_es.harness.model import ScriptedModel, ScriptedReply
-from little_es.harness.session import (
-    ConversationDivergedError,
-    SessionOutcome,
-    TurnLimitExceededError,
-    conversation_hash,
-    run_agent_session,
-)
+from little_es.harness.session import SessionOutcome, conversation_hash, run_agent_session
 from little_es.harness.tools import Tool, ToolContext, tool
 from little_es.ids import session_stream_id
 from little_es.values import ModelRequest, ToolCall, Usage

@@ -16,8 +16,8 @@ import orjson
 import pytest
 from pydantic import BaseModel, Field
 
-from little_es.errors import ToolError
-from little_es.harness.tools import Tool, ToolArgumentsError, ToolContext, resolve_tools, tool
+from little_es.errors import ToolArgumentsError, ToolError
+from little_es.harness.tools import Tool, ToolContext, resolve_tools, tool
 from little_es.values import ToolSpec
 
 CTX = ToolContext(run_id="run-1", session_id="sess-1", call_id="c1", step_path="plan/search")

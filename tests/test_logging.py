@@ -15,8 +15,8 @@ import orjson
 import pytest
 import structlog
 
-from little_es.errors import LittleEsError
-from little_es.logging import LoggingConfigError, configure_logging, get_logger
+from little_es.errors import LittleEsError, LoggingConfigError
+from little_es.logging import configure_logging, get_logger
 
 _REPO = Path(__file__).resolve().parents[1]
 

@@ -21,10 +21,9 @@ import pytest
 from genai_prices.types import ModelPrice, TieredPrices
 from genai_prices.types import Usage as GenaiUsage
 
-from little_es.errors import LittleEsError
+from little_es.errors import LittleEsError, PricingError
 from little_es.pricing import (
     ModelInfo,
-    PricingError,
     get_model_info_for,
     price_usage,
     register_model_price,

@@ -26,14 +26,15 @@ from conftest import WorldSpec
 from little_es.artifacts import MemoryArtifactStore
 from little_es.domain import Run
 from little_es.durability import OUTPUT_INLINE_LIMIT
-from little_es.engine.executor import RunFailedError, sub_run_id_for
-from little_es.engine.integrity import RunInputMismatchError
+from little_es.engine.executor import sub_run_id_for
 from little_es.engine.local import RunResult, run_workflow
-from little_es.engine.walk import VisitLimitError
 from little_es.errors import (
     ArtifactMismatchError,
     InvalidRunIdError,
     ParallelReplayMismatchError,
+    RunFailedError,
+    RunInputMismatchError,
+    VisitLimitError,
     WorkflowChangedError,
 )
 from little_es.events import (

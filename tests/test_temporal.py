@@ -42,9 +42,9 @@ from little_es_temporal.devserver import find_temporal_binary
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import ActivityError
 
-from little_es.engine.executor import RunFailedError, sub_run_id_for
+from little_es.engine.executor import sub_run_id_for
 from little_es.engine.local import run_workflow
-from little_es.engine.walk import VisitLimitError
+from little_es.errors import RunFailedError, VisitLimitError
 from little_es.events import Event, StepStarted
 from little_es.faults import CRASH_AFTER_EVENT
 from little_es.replay import replay_run

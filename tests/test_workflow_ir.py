@@ -18,17 +18,20 @@ import pytest
 from pydantic import ValidationError
 
 from little_es._frozen import FrozenDict, FrozenList, freeze
-from little_es.errors import WorkflowDefinitionError
+from little_es.errors import (
+    InvalidBranchSetError,
+    InvalidStepPathError,
+    UnknownStepError,
+    WorkflowDefinitionError,
+)
 from little_es.harness.model import ScriptedModel
 from little_es.harness.tools import tool
 from little_es.workflow.authoring import (
     AgentStep,
     DecisionStep,
-    InvalidBranchSetError,
     ParallelStep,
     SubworkflowStep,
     TaskStep,
-    UnknownStepError,
     Workflow,
     agent,
     decision,
@@ -38,7 +41,6 @@ from little_es.workflow.authoring import (
 )
 from little_es.workflow.context import StepContext
 from little_es.workflow.ir import END, AgentSpecIR, RetryPolicy, StepIR, WorkflowIR
-from little_es.workflow.paths import InvalidStepPathError
 
 # --- step functions at module level, so a subprocess can rebuild the same workflow ---
 

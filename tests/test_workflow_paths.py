@@ -6,14 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from little_es.errors import WorkflowDefinitionError
-from little_es.workflow.paths import (
-    InvalidStepPathError,
-    StepPathParts,
-    parse_step_path,
-    step_path,
-    visit_key,
-)
+from little_es.errors import InvalidStepPathError, WorkflowDefinitionError
+from little_es.workflow.paths import StepPathParts, parse_step_path, step_path, visit_key
 
 step_ids = st.from_regex(r"\A[A-Za-z][A-Za-z0-9_-]{0,15}\Z")
 branch_keys = st.from_regex(r"\A[A-Za-z0-9_.-]{1,16}\Z")

@@ -35,14 +35,13 @@ from little_es.engine.executor import (
     GroupScheduled,
     Outcome,
     Retry,
-    RunFailedError,
     StepExecutor,
     completed_step,
     execute_step,
     open_run,
     sub_run_id_for,
 )
-from little_es.errors import ConcurrencyConflictError
+from little_es.errors import ConcurrencyConflictError, RunFailedError
 from little_es.ids import validate_run_id
 from little_es.logging import get_logger
 from little_es.materialize import RunFold, StepFold

@@ -36,14 +36,8 @@ from temporalio.common import RetryPolicy as TemporalRetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
-    from little_es.engine.walk import (
-        StepVisit,
-        VisitLimitError,
-        Walk,
-        branch_path,
-        gather_branches,
-    )
-    from little_es.errors import WorkflowChangedError
+    from little_es.engine.walk import StepVisit, Walk, branch_path, gather_branches
+    from little_es.errors import VisitLimitError, WorkflowChangedError
     from little_es.values import ErrorInfo
     from little_es.workflow.ir import RetryPolicy, StepIR
     from little_es_temporal.models import (

@@ -20,17 +20,13 @@ from rich.live import Live
 
 from little_es.cli.common import WorldOption
 from little_es.engine.local import run_workflow
-from little_es.errors import LittleEsError
+from little_es.errors import WorkflowRefError
 from little_es.events import Event
 from little_es.render import StepBoard
 from little_es.workflow.authoring import Workflow
 from little_es.world import open_world
 
-__all__ = ["WorkflowRefError", "load_workflow", "resume_command", "run_command"]
-
-
-class WorkflowRefError(LittleEsError, ValueError):
-    """A ``module:attribute`` reference does not name a Workflow."""
+__all__ = ["load_workflow", "resume_command", "run_command"]
 
 
 def load_workflow(ref: str) -> Workflow:

@@ -22,8 +22,7 @@ except ImportError as _exc:  # pragma: no cover - depends on the installed extra
         "little_es.contrib.openai needs the openai package: pip install 'little-es[openai]'"
     ) from _exc
 
-from little_es.errors import ModelError
-from little_es.harness.model import ModelConfigError
+from little_es.errors import ModelConfigError, ModelError
 from little_es.values import JSONValue, Message, ModelRequest, ModelResponse, ToolSpec, Usage
 
 __all__ = ["OpenAIChatModel"]

@@ -41,7 +41,7 @@ from little_es.engine.integrity import (
     run_restart_checks,
 )
 from little_es.engine.walk import branch_path
-from little_es.errors import LittleEsError, StepExecutionError
+from little_es.errors import RunStateError
 from little_es.events import Event
 from little_es.harness.session import run_agent_session
 from little_es.ids import session_stream_id
@@ -69,8 +69,6 @@ __all__ = [
     "GroupScheduled",
     "Outcome",
     "Retry",
-    "RunFailedError",
-    "RunStateError",
     "RunWriter",
     "StepExecutor",
     "call_maybe_async",
@@ -92,25 +90,6 @@ CodeStep: TypeAlias = TaskStep | AgentStep | DecisionStep
 
 ExecutableStep: TypeAlias = CodeStep | SubworkflowStep
 """A step that runs as attempts (a parallel group runs its branches instead)."""
-
-
-class RunFailedError(StepExecutionError):
-    """The run stopped: a step failed and its retries are exhausted. Resume it once fixed."""
-
-    def __init__(self, run_id: str, step_path: str | None, error: ErrorInfo) -> None:
-        self.run_id = run_id
-        self.step_path = step_path
-        self.error = error
-        super().__init__(
-            f"run {run_id!r} failed at step {step_path!r}: {error.type}: {error.message}."
-            " Fix the cause, then resume with the same run id"
-        )
-
-
-class RunStateError(LittleEsError):
-    """The run's log is not in the state a step of the protocol needs (asked out of order)."""
-
-    retryable = False
 
 
 def sub_run_id_for(parent_run_id: str, step_path: str) -> str:

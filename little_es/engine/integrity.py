@@ -21,7 +21,7 @@ from little_es.errors import (
     ArtifactError,
     ArtifactMismatchError,
     ParallelReplayMismatchError,
-    RuntimeIntegrityError,
+    RunInputMismatchError,
     WorkflowChangedError,
 )
 from little_es.harness.manifest import check_manifest, compute_manifest, read_session_started
@@ -31,7 +31,6 @@ from little_es.workflow.authoring import AgentStep, Workflow
 from little_es.world import World
 
 __all__ = [
-    "RunInputMismatchError",
     "assert_completed_parallel_replay_matches_input",
     "assert_completed_step_artifacts_valid",
     "assert_harness_manifest_consistent",
@@ -39,10 +38,6 @@ __all__ = [
     "assert_workflow_unchanged",
     "run_restart_checks",
 ]
-
-
-class RunInputMismatchError(RuntimeIntegrityError):
-    """A resume was asked for with an input other than the one the run started with."""
 
 
 def assert_workflow_unchanged(

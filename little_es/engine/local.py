@@ -36,15 +36,14 @@ from little_es.engine.executor import (
     Begun,
     Committed,
     Retry,
-    RunFailedError,
     RunWriter,
     StepExecutor,
     check_run_request,
     execute_step,
     open_run,
 )
-from little_es.engine.walk import StepVisit, VisitLimitError, Walk, branch_path, gather_branches
-from little_es.errors import LittleEsError
+from little_es.engine.walk import StepVisit, Walk, branch_path, gather_branches
+from little_es.errors import LittleEsError, RunFailedError, VisitLimitError
 from little_es.events import Event
 from little_es.ids import new_run_id, validate_run_id
 from little_es.logging import get_logger

@@ -27,25 +27,13 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import NamedTuple, TypeVar
 
-from little_es.errors import StepExecutionError, WorkflowChangedError, WorkflowDefinitionError
+from little_es.errors import VisitLimitError, WorkflowChangedError, WorkflowDefinitionError
 from little_es.workflow.ir import END, StepIR, WorkflowIR
 from little_es.workflow.paths import step_path
 
-__all__ = ["StepVisit", "VisitLimitError", "Walk", "branch_path", "gather_branches"]
+__all__ = ["StepVisit", "Walk", "branch_path", "gather_branches"]
 
 T = TypeVar("T")
-
-
-class VisitLimitError(StepExecutionError, WorkflowDefinitionError):
-    """A decision jumped to a step that has used all of its ``max_visits``."""
-
-    @classmethod
-    def for_step(cls, run_id: str, step_id: str, visit: int, max_visits: int) -> VisitLimitError:
-        """The error for visit ``visit`` of ``step_id``, worded the same by every engine."""
-        return cls(
-            f"run {run_id!r}: step {step_id!r} would be visited {visit} times, but"
-            f" max_visits={max_visits}: raise max_visits or make the decision leave the loop"
-        )
 
 
 class StepVisit(NamedTuple):

@@ -24,7 +24,7 @@ from uuid import UUID
 
 from pydantic import ValidationError
 
-from little_es.errors import CapabilityDriftError, LittleEsError, RuntimeIntegrityError
+from little_es.errors import CapabilityDriftError, RuntimeIntegrityError, SessionInputError
 from little_es.events import SessionStarted
 from little_es.harness.model import Model
 from little_es.harness.tools import Tool, resolve_tools
@@ -34,16 +34,11 @@ from little_es.workflow.ir import AgentSpecIR, AgentToolIR, canonical_json
 from little_es.world import World
 
 __all__ = [
-    "SessionInputError",
     "assert_session_manifest_consistent",
     "check_manifest",
     "compute_manifest",
     "read_session_started",
 ]
-
-
-class SessionInputError(LittleEsError, ValueError):
-    """An argument of a harness session (model, tools, prompt, parameters, ...) is unusable."""
 
 
 def compute_manifest(

@@ -14,20 +14,15 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from little_es.errors import LittleEsError, ModelError
+from little_es.errors import ModelConfigError, ModelError
 from little_es.values import ModelRequest, ModelResponse, ToolCall, Usage
 
 __all__ = [
     "Model",
-    "ModelConfigError",
     "ScriptedModel",
     "ScriptedReply",
     "ScriptedResponder",
 ]
-
-
-class ModelConfigError(LittleEsError, ValueError):
-    """A model was constructed with invalid arguments (empty id, conflicting options, ...)."""
 
 
 class Model(Protocol):

@@ -58,7 +58,12 @@ import orjson
 from pydantic import BaseModel, ConfigDict
 
 from little_es.domain import HarnessSession
-from little_es.errors import RuntimeIntegrityError, StepExecutionError, ToolError
+from little_es.errors import (
+    ConversationDivergedError,
+    SessionInputError,
+    ToolError,
+    TurnLimitExceededError,
+)
 from little_es.events import (
     ModelCalled,
     ModelResponded,
@@ -68,7 +73,7 @@ from little_es.events import (
     ToolCallStarted,
     ToolCallSucceeded,
 )
-from little_es.harness.manifest import SessionInputError, check_manifest, compute_manifest
+from little_es.harness.manifest import check_manifest, compute_manifest
 from little_es.harness.model import Model
 from little_es.harness.tools import Tool, ToolContext, resolve_tools
 from little_es.ids import session_stream_id, validate_run_id
@@ -85,38 +90,14 @@ from little_es.values import (
 from little_es.world import World
 
 __all__ = [
-    "ConversationDivergedError",
     "SessionInputError",
     "SessionOutcome",
-    "TurnLimitExceededError",
     "conversation_hash",
     "run_agent_session",
 ]
 
 # Marks an argument the model sent that the recorded arguments lack.
 _MISSING = object()
-
-
-class TurnLimitExceededError(StepExecutionError):
-    """The model was still calling tools after ``max_turns`` model calls.
-
-    Nothing is recorded for the calls the last response asked for, and the
-    session is not marked completed. Not retryable: the same attempt would
-    stop at the same place; raise ``max_turns`` or tighten the prompt.
-    """
-
-    retryable = False
-
-
-class ConversationDivergedError(RuntimeIntegrityError):
-    """A resumed session's rebuilt conversation does not match what its log recorded.
-
-    The user prompt (or the recorded responses and results) differ from those
-    the session was started with, so the recorded calls cannot stand in for
-    new ones.
-    """
-
-    retryable = False
 
 
 class SessionOutcome(BaseModel):

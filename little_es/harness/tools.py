@@ -19,12 +19,11 @@ from typing import Any, overload
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from little_es.errors import ToolError
+from little_es.errors import ToolArgumentsError, ToolError
 from little_es.values import JSONValue, ToolSpec
 
 __all__ = [
     "Tool",
-    "ToolArgumentsError",
     "ToolContext",
     "resolve_tools",
     "tool",
@@ -32,19 +31,6 @@ __all__ = [
 
 # What OpenAI-compatible APIs accept as a function name.
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-
-
-class ToolArgumentsError(ToolError, ValueError):
-    """The arguments a model sent do not validate against the tool's schema.
-
-    ``tool`` is the tool's name and ``fields`` the dotted paths of the
-    arguments that failed (``""`` for the arguments object itself).
-    """
-
-    def __init__(self, message: str, *, tool: str, fields: tuple[str, ...]) -> None:
-        super().__init__(message)
-        self.tool = tool
-        self.fields = fields
 
 
 class ToolContext(BaseModel):

@@ -34,7 +34,12 @@ from typing import Any, TypeAlias
 
 from pydantic import ValidationError
 
-from little_es.errors import LittleEsError, WorkflowDefinitionError
+from little_es.errors import (
+    InvalidBranchSetError,
+    LittleEsError,
+    UnknownStepError,
+    WorkflowDefinitionError,
+)
 from little_es.harness.model import Model
 from little_es.harness.tools import Tool, resolve_tools
 from little_es.workflow.context import StepContext
@@ -59,14 +64,12 @@ __all__ = [
     "DecisionFn",
     "DecisionStep",
     "InputFn",
-    "InvalidBranchSetError",
     "ParallelStep",
     "PromptFn",
     "Step",
     "SubworkflowStep",
     "TaskFn",
     "TaskStep",
-    "UnknownStepError",
     "Workflow",
     "agent",
     "decision",
@@ -93,14 +96,6 @@ BranchesFn: TypeAlias = Callable[[StepContext], BranchSet | Awaitable[BranchSet]
 """A parallel group's ``branches(ctx)``, sync or async, returning its branch set."""
 InputFn: TypeAlias = Callable[[StepContext], Mapping[str, Any] | Awaitable[Mapping[str, Any]]]
 """A subworkflow's ``input(ctx)``, sync or async, returning the sub-run's input."""
-
-
-class UnknownStepError(WorkflowDefinitionError, LookupError):
-    """A step id (asked for, or returned by a decision) is not a step of the workflow."""
-
-
-class InvalidBranchSetError(WorkflowDefinitionError):
-    """A parallel group's ``branches`` function returned something that is not a branch set."""
 
 
 @dataclass(frozen=True, slots=True)

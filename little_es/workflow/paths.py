@@ -30,12 +30,11 @@ import re
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from little_es.errors import WorkflowDefinitionError
+from little_es.errors import InvalidStepPathError
 
 __all__ = [
     "BRANCH_KEY_PATTERN",
     "STEP_ID_PATTERN",
-    "InvalidStepPathError",
     "StepPathParts",
     "parse_step_path",
     "step_path",
@@ -55,10 +54,6 @@ _PATH_RE = re.compile(
     rf"\[(?P<key>{BRANCH_KEY_PATTERN})\]/)?"
     rf"(?P<step>{STEP_ID_PATTERN})(?:@(?P<visit>[1-9][0-9]*))?"
 )
-
-
-class InvalidStepPathError(WorkflowDefinitionError):
-    """A step path, or one of the parts it is built from, does not follow the step path grammar."""
 
 
 class StepPathParts(BaseModel):
