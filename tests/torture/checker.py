@@ -20,6 +20,9 @@ The checks (each failure is one :class:`Violation`):
 5. ``replay_run`` of every run and sub-run succeeds and two calls are equal;
 6. one more resume is a no-op: no event, no ledger line (checked by the driver with
    :func:`event_counts`).
+
+Still to come, as the capabilities land: ``little verify`` (the integrity issue) on every
+run, the outer loop's cycles as items, and sub-runs driven by Temporal.
 """
 
 from __future__ import annotations

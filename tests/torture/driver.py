@@ -394,8 +394,9 @@ class Torturer:
         return AppendsKill(self.rng.randint(1, max(1, round(self.reference_appends * left))))
 
     def close(self) -> None:
-        """Close the world."""
+        """Close the world and the engine."""
         self.world.close()
+        self.engine.close()
 
     def committed(self, run_id: str) -> set[Item]:
         """What the logs of ``run_id``'s tree hold now."""
@@ -405,9 +406,18 @@ class Torturer:
         """One torture run: a process per kill in ``kills``, then resumes until it completes.
 
         A process that completes before its kill ends the planned kills. Then the
-        checks, and one more resume that must record nothing and execute nothing.
+        checks, and one more resume that must record nothing and execute nothing. A
+        process that fails by itself (an exception, not a kill) is a violation too.
         """
         report = RunReport(run_id)
+        try:
+            self._run(report, kills)
+        except ChildFailedError as exc:
+            report.violations.append(Violation(run_id, str(exc)))
+        return report
+
+    def _run(self, report: RunReport, kills: Sequence[Kill | KillKind]) -> None:
+        run_id = report.run_id
         committed_after: list[set[Item]] = []
         plan: list[Kill | KillKind] = list(kills)
         completed = False
@@ -416,7 +426,7 @@ class Torturer:
                 report.violations.append(
                     Violation(run_id, f"did not complete: {report.describe()}")
                 )
-                return report
+                return
             planned = plan.pop(0) if plan else None
             kill = self.draw(planned, run_id) if isinstance(planned, str) else planned
             seg = self._spawn(run_id, len(report.segments), kill)
@@ -444,7 +454,6 @@ class Torturer:
             )
         if len(read_ledger(self._ledger(run_id))) != len(ledger):
             report.violations.append(Violation(run_id, "one more resume executed something"))
-        return report
 
     def world_state(self, run_id: str) -> str:
         """The status the run's log says."""
@@ -538,7 +547,6 @@ def torture(
                 _log(log, report)
         finally:
             torturer.close()
-            torturer.engine.close()
     summary.seconds = time.monotonic() - started
     return summary
 

@@ -6,11 +6,11 @@ The long version: ``python -m tests.torture --kills 1000 --world URL``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.conftest import WorldSpec
-from tests.torture.checker import LogFacts, check_ledger
+from tests.torture.checker import LogFacts, RunImage, check_final, check_ledger
 from tests.torture.child import BUG_ENV, RERUN_COMPLETED
 from tests.torture.driver import (
     AppendsKill,
@@ -24,9 +24,12 @@ from tests.torture.driver import (
 from tests.torture.ledger import Entry, step_item
 from tests.torture.workflow import BUGGY_STEP
 
+if TYPE_CHECKING:
+    from tests.conftest import WorldSpec
+
 pytestmark = pytest.mark.torture
 
-SHORT_KILLS = 14
+SHORT_KILLS = 12
 SHORT_BOUNDARIES = 4
 SEED = 16
 
@@ -65,16 +68,14 @@ def test_fresh_interpreter_per_process(world_spec: WorldSpec, tmp_path: Path) ->
 @pytest.mark.backends("sqlite", "postgres")
 def test_checker_flags_a_rerun_of_a_completed_step(world_spec: WorldSpec, tmp_path: Path) -> None:
     """The deliberate bug (``TORTURE_BUG``) runs a committed step again: it is reported."""
-    engine = ForkServerEngine()
     torturer = Torturer(
-        world_spec.url, tmp_path / "torture", engine, env={BUG_ENV: RERUN_COMPLETED}
+        world_spec.url, tmp_path / "torture", ForkServerEngine(), env={BUG_ENV: RERUN_COMPLETED}
     )
     torturer.open()
     try:
         report = torturer.run("torture-bug", [AppendsKill(12)])
     finally:
         torturer.close()
-        engine.close()
     messages = [v.what for v in report.violations]
     rerun = f"step torture-bug {BUGGY_STEP} #1 was committed when process 0 was killed"
     assert any(m.startswith(rerun) for m in messages), messages
@@ -113,3 +114,19 @@ def test_summary_line_names_every_figure() -> None:
         "torture engine=local-fork world=postgresql://u:***@h/db runs=2 kills=3 resumes=4"
         " reexecuted_in_flight=1 violations=0 seconds=1.5"
     )
+
+
+def test_checker_flags_a_different_final_state() -> None:
+    """A state, a result count or a missing run that differs from the uninterrupted run's."""
+    want = {
+        "<run>": RunImage("<run>", {"output": {"n": 1}}, {"StepCompleted": 2}, {"StepStarted": 2}),
+        "<<run>:nested/>": RunImage("<<run>:nested/>", {}, {}, {}),
+    }
+    got = {"<run>": RunImage("<run>", {"output": {"n": 2}}, {"StepCompleted": 3}, {})}
+    found = [v.what for v in check_final("r", got, want)]
+    assert found == [
+        "runs missing from the tree: ['<<run>:nested/>']",
+        "<run>: final state differs: at .output.n: 2 != 1 (uninterrupted)",
+        "<run>: result events {'StepCompleted': 3} != uninterrupted {'StepCompleted': 2}",
+        "<run>: fewer write-ahead records than uninterrupted: {'StepStarted': (0, 2)}",
+    ]
