@@ -63,6 +63,20 @@ def test_fresh_interpreter_per_process(world_spec: WorldSpec, tmp_path: Path) ->
         torturer.close()
     assert report.violations == []
     assert report.kills >= 1
+    # What the final state was compared with: the whole tree, completed, artifact included.
+    assert sorted(torturer.reference) == [
+        "<<run>:nested/>",
+        "<<run>:orchestrate/s1>",
+        "<<run>:orchestrate/s2>",
+        "<<run>:orchestrate/s3>",
+        "<run>",
+    ]
+    main = torturer.reference["<run>"].state
+    assert isinstance(main, dict) and main["status"] == "completed"
+    steps = main["steps"]
+    assert isinstance(steps, dict) and len(steps) == 20
+    big = steps["big"]
+    assert isinstance(big, dict) and big["output_ref"] is not None
 
 
 @pytest.mark.backends("sqlite", "postgres")

@@ -21,6 +21,9 @@ to the ledger before it returns (a failing attempt: before it raises); the async
 then yield for a few milliseconds, so that kills find items that ran but whose result
 is not committed yet (the ones a resume must execute again, once). Nothing here
 depends on the run id, so two runs of it end in the same state but for their ids.
+
+An outer loop (once the library has one) joins here as a step or as a driver of cycles;
+its cycle runs are sub-runs to the checker, which already follows every reserved sub-run.
 """
 
 from __future__ import annotations
