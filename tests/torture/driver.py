@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import random
-import select
 import signal
 import subprocess
 import sys
@@ -54,13 +53,13 @@ MAX_CLEAN_RESUMES = 3
 class Process(Protocol):
     """A started child process."""
 
-    @property
-    def pid(self) -> int:
-        """Its process id (to SIGKILL it)."""
-        ...
+    def wait(self, kill_after: float) -> tuple[int, bool]:
+        """Wait for it to exit, SIGKILLing it if it still runs after ``kill_after`` seconds.
 
-    def wait(self, timeout: float | None) -> int | None:
-        """Its exit code (negative: the signal), or None if it still runs after ``timeout``."""
+        Returns its exit code (negative: the signal) and whether the kill was the
+        engine's. Only the process's parent kills it, and before reaping it, so the
+        signal cannot reach another process that reused the pid.
+        """
         ...
 
     def output(self) -> str:
@@ -91,15 +90,13 @@ class _Popen:
         self._proc = proc
         self._out = out
 
-    @property
-    def pid(self) -> int:
-        return self._proc.pid
-
-    def wait(self, timeout: float | None) -> int | None:
+    def wait(self, kill_after: float) -> tuple[int, bool]:
         try:
-            return self._proc.wait(timeout)
+            return self._proc.wait(kill_after), False
         except subprocess.TimeoutExpired:
-            return None
+            # Popen.send_signal does nothing once the process is reaped.
+            self._proc.send_signal(signal.SIGKILL)
+            return self._proc.wait(), True
 
     def output(self) -> str:
         return self._out.read_text(errors="replace")
@@ -133,24 +130,11 @@ class _Forked:
         self._server = server
         self._pid = pid
         self._out = out
-        self._asked = False
-        self._code: int | None = None
 
-    @property
-    def pid(self) -> int:
-        return self._pid
-
-    def wait(self, timeout: float | None) -> int | None:
-        if self._code is not None:
-            return self._code
-        if not self._asked:
-            self._server.send({"op": "wait", "pid": self._pid})
-            self._asked = True
-        reply = self._server.receive(timeout)
-        if reply is None:
-            return None
-        self._code = int(reply["code"])
-        return self._code
+    def wait(self, kill_after: float) -> tuple[int, bool]:
+        self._server.send({"op": "wait", "pid": self._pid, "kill_after": kill_after})
+        reply = self._server.receive()
+        return int(reply["code"]), bool(reply["killed"])
 
     def output(self) -> str:
         return self._out.read_text(errors="replace")
@@ -187,13 +171,10 @@ class ForkServerEngine:
         stdin.write(orjson.dumps(request) + b"\n")
         stdin.flush()
 
-    def receive(self, timeout: float | None) -> dict[str, int] | None:
-        """The next reply line, or None if none came within ``timeout``."""
+    def receive(self) -> dict[str, int]:
+        """The next reply line."""
         stdout = self._proc().stdout
         assert stdout is not None
-        ready, _, _ = select.select([stdout], [], [], timeout)
-        if not ready:
-            return None
         line = stdout.readline()
         if not line:
             raise ChildFailedError("the fork server exited")
@@ -203,8 +184,7 @@ class ForkServerEngine:
     def start(self, argv: list[str], env: dict[str, str], out: Path) -> Process:
         """Fork the child."""
         self.send({"op": "spawn", "argv": argv, "env": env, "out": str(out)})
-        reply = self.receive(None)
-        assert reply is not None
+        reply = self.receive()
         return _Forked(self, int(reply["pid"]), out)
 
     def close(self) -> None:
@@ -327,12 +307,10 @@ class Torturer:
         proc = self.engine.start(argv, env, out)
         # After start: a fork server's first start waits for its own imports.
         started = time.monotonic()
-        code = proc.wait(kill.seconds if isinstance(kill, TimerKill) else CHILD_TIMEOUT_S)
-        if code is None:
-            os.kill(proc.pid, signal.SIGKILL)
-            code = proc.wait(None)
-            if not isinstance(kill, TimerKill):
-                raise ChildFailedError(f"{run_id} process {segment} hung: {proc.output()[-4000:]}")
+        timer = isinstance(kill, TimerKill)
+        code, ours = proc.wait(kill.seconds if isinstance(kill, TimerKill) else CHILD_TIMEOUT_S)
+        if ours and not timer:
+            raise ChildFailedError(f"{run_id} process {segment} hung: {proc.output()[-4000:]}")
         seconds = time.monotonic() - started
         if code not in (0, -signal.SIGKILL):
             raise ChildFailedError(

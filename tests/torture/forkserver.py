@@ -10,13 +10,17 @@ save, after the fork).
 
 Protocol, one JSON object per line on stdin, one reply per line on stdout:
 ``{"op": "spawn", "argv": [...], "env": {...}, "out": PATH}`` -> ``{"pid": N}`` (the
-child's stdout and stderr go to PATH); ``{"op": "wait", "pid": N}`` -> ``{"code": C}``
-(negative: killed by signal ``-C``).
+child's stdout and stderr go to PATH); ``{"op": "wait", "pid": N, "kill_after": S}`` ->
+``{"code": C, "killed": K}``: the exit code (negative: killed by signal ``-C``), the
+child SIGKILLed here if it still ran after S seconds (``K``). The kill comes from the
+parent, before it reaps the child, so it cannot hit a process that reused the pid.
 """
 
 from __future__ import annotations
 
 import os
+import select
+import signal
 import sys
 import traceback
 
@@ -49,6 +53,19 @@ def _run_child(argv: list[str], env: dict[str, str], out: str) -> None:
     os._exit(code)
 
 
+def _wait(pid: int, kill_after: float) -> tuple[int, bool]:
+    pidfd = os.pidfd_open(pid)
+    try:
+        ready, _, _ = select.select([pidfd], [], [], kill_after)
+    finally:
+        os.close(pidfd)
+    killed = not ready
+    if killed:
+        os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), killed
+
+
 def main() -> None:
     """Serve spawn and wait requests until stdin closes."""
     requests = sys.stdin.buffer
@@ -62,8 +79,8 @@ def main() -> None:
                 _run_child(list(request["argv"]), dict(request["env"]), str(request["out"]))
             reply: dict[str, int] = {"pid": pid}
         else:
-            _, status = os.waitpid(int(request["pid"]), 0)
-            reply = {"code": os.waitstatus_to_exitcode(status)}
+            code, killed = _wait(int(request["pid"]), float(request["kill_after"]))
+            reply = {"code": code, "killed": int(killed)}
         replies.write(orjson.dumps(reply) + b"\n")
         replies.flush()
 
