@@ -2,8 +2,8 @@
 
 Kills come from a seeded :class:`random.Random`: a timer (``SIGKILL`` after a random
 delay) or ``LITTLE_ES_CRASH_AFTER_APPENDS=N`` (the child kills itself right after its Nth
-append), and, in :func:`torture` with ``enumerate_boundaries``, one run per append
-boundary ``N = 1, 2, ...`` of an uninterrupted run. After each process the driver reads
+append), and, in :func:`torture`, first one run per append boundary ``N = 1, 2, ...``
+of an uninterrupted run (all of them, or a seeded sample). After each process the driver reads
 what the logs hold (what is committed); after the run completes it runs
 :mod:`tests.torture.checker` and one more resume that must change nothing.
 
@@ -153,7 +153,7 @@ class ForkServerEngine:
 
     def _proc(self) -> subprocess.Popen[bytes]:
         if self._server is None:
-            env = dict(os.environ)
+            env = {k: v for k, v in os.environ.items() if not k.startswith("LITTLE_ES_CRASH_")}
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
             self._server = subprocess.Popen(
                 [sys.executable, "-m", "tests.torture.forkserver"],
