@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.torture
 
-SHORT_KILLS = 12
-SHORT_BOUNDARIES = 4
+SHORT_KILLS = 10
+SHORT_BOUNDARIES = 3
 SEED = 16
 
 
