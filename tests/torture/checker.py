@@ -1,0 +1,322 @@
+"""What must hold after a torture run completed, read from its log and its ledger.
+
+"Committed" is read from the log, after each process of the run ended (killed or not):
+
+* a step attempt: its ``StepCompleted`` or ``StepFailed``;
+* a model call: its ``harness.model.responded`` (the session's ``harness.session.started``
+  names the run and the step);
+* a tool call: its ``harness.tool_call.succeeded`` or ``.failed``.
+
+The checks (each failure is one :class:`Violation`):
+
+1. nothing executed in a process after it was committed by an earlier one;
+2. nothing executed twice in one process (so an in-flight item re-executes at most once
+   per kill);
+3. every result the log holds was executed (a ledger line is behind it), and everything
+   the ledger says was executed has its result in the log;
+4. the final state of the run and of each sub-run equals the uninterrupted run's (see
+   :func:`canonical_tree` for what is normalised and why), and each run holds the same
+   result events as the uninterrupted run's, and at least its write-ahead records;
+5. ``replay_run`` of every run and sub-run succeeds and two calls are equal;
+6. one more resume is a no-op: no event, no ledger line (checked by the driver with
+   :func:`event_counts`).
+
+Still to come, as the capabilities land: ``little verify`` (the integrity issue) on every
+run, the outer loop's cycles as items, and sub-runs driven by Temporal.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from little_es import (
+    LittleEsError,
+    ModelResponded,
+    SessionStarted,
+    StepCompleted,
+    StepFailed,
+    StepStarted,
+    SubRunReserved,
+    ToolCallFailed,
+    ToolCallStarted,
+    ToolCallSucceeded,
+    World,
+    replay_run,
+)
+from tests.torture.ledger import Entry, Item, model_item, step_item, tool_item
+
+LEDGERED_STEP_KINDS = frozenset({"task", "decision"})
+"""Step kinds whose body is the workflow's own code (the others run the engine's)."""
+UNLEDGERED_TOOLS = frozenset({"start_workflow"})
+"""Tools that are the library's own: the sub-runs they start are checked instead."""
+
+JSON = None | bool | int | float | str | list["JSON"] | dict[str, "JSON"]
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken guarantee, said so that it can be reproduced."""
+
+    run_id: str
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.run_id}: {self.what}"
+
+
+def tree_run_ids(world: World, run_id: str) -> list[str]:
+    """``run_id`` and its sub-runs (reserved and started), depth first."""
+    found: list[str] = []
+    todo = [run_id]
+    while todo:
+        current = todo.pop()
+        if current in found or not world.run_exists(current):
+            continue
+        found.append(current)
+        todo.extend(
+            e.sub_run_id
+            for e in reversed(world.read_run_log(current))
+            if isinstance(e, SubRunReserved)
+        )
+    return found
+
+
+@dataclass
+class LogFacts:
+    """What the logs of a run tree say has a committed result."""
+
+    committed: set[Item] = field(default_factory=set)
+    ledgered: set[Item] = field(default_factory=set)
+    """The committed items whose execution must have a ledger line."""
+
+
+def log_facts(world: World, run_ids: Iterable[str]) -> LogFacts:
+    """The committed items of the runs ``run_ids``."""
+    facts = LogFacts()
+    for run_id in run_ids:
+        events = world.read_run_log(run_id)
+        sessions: dict[str, SessionStarted] = {
+            str(e.originator_id): e for e in events if isinstance(e, SessionStarted)
+        }
+        kinds = {(e.step_path, e.attempt): e.kind for e in events if isinstance(e, StepStarted)}
+        tools = {
+            (str(e.originator_id), e.call_id): e.name
+            for e in events
+            if isinstance(e, ToolCallStarted)
+        }
+        for e in events:
+            if isinstance(e, StepCompleted | StepFailed):
+                item = step_item(run_id, e.step_path, e.attempt)
+                facts.committed.add(item)
+                if kinds.get((e.step_path, e.attempt)) in LEDGERED_STEP_KINDS:
+                    facts.ledgered.add(item)
+            elif isinstance(e, ModelResponded):
+                session = sessions[str(e.originator_id)]
+                item = model_item(session.run_id, session.step_path, e.turn)
+                facts.committed.add(item)
+                facts.ledgered.add(item)
+            elif isinstance(e, ToolCallSucceeded | ToolCallFailed):
+                session = sessions[str(e.originator_id)]
+                item = tool_item(session.run_id, str(e.originator_id), e.call_id)
+                facts.committed.add(item)
+                if tools.get((str(e.originator_id), e.call_id)) not in UNLEDGERED_TOOLS:
+                    facts.ledgered.add(item)
+    return facts
+
+
+def event_counts(world: World, run_ids: Iterable[str]) -> dict[str, int]:
+    """How many events each run's log holds."""
+    return {run_id: len(world.read_run_log(run_id)) for run_id in run_ids}
+
+
+@dataclass
+class LedgerReport:
+    """The ledger checks of one run: violations, and how many in-flight items re-ran."""
+
+    violations: list[Violation]
+    reexecuted: int
+
+
+def check_ledger(
+    run_id: str,
+    entries: Sequence[Entry],
+    committed_after: Sequence[set[Item]],
+    final: LogFacts,
+) -> LedgerReport:
+    """Checks 1-3: ``committed_after[s]`` is what the log held when process ``s`` ended."""
+    violations: list[Violation] = []
+    per_segment = Counter((e.item, e.segment) for e in entries)
+    for (item, segment), n in sorted(per_segment.items()):
+        if n > 1:
+            violations.append(Violation(run_id, f"{item} executed {n} times in process {segment}"))
+    for entry in entries:
+        s = entry.segment
+        if s >= 1 and s - 1 < len(committed_after) and entry.item in committed_after[s - 1]:
+            violations.append(
+                Violation(
+                    run_id,
+                    f"{entry.item} was committed when process {s - 1} was killed and executed"
+                    f" again in process {s}",
+                )
+            )
+    executed = {e.item for e in entries}
+    for item in sorted(final.ledgered - executed):
+        violations.append(Violation(run_id, f"{item} has a result in the log but never executed"))
+    for item in sorted(executed - final.committed):
+        violations.append(Violation(run_id, f"{item} executed but its result is not in the log"))
+    segments: dict[Item, set[int]] = {}
+    for e in entries:
+        segments.setdefault(e.item, set()).add(e.segment)
+    reexecuted = sum(len(s) - 1 for s in segments.values())
+    return LedgerReport(violations, reexecuted)
+
+
+# ------------------------------------------------------------------ the final state
+
+VOLATILE_STATE_FIELDS = ("started_at", "updated_at", "completed_at", "event_count")
+"""Fields of a run's state that legitimately differ between two runs of one workflow:
+the timestamps are the clock's, and ``event_count`` also counts the write-ahead records
+an in-flight item re-records when it re-executes (its results are compared apart, by
+type, in :func:`check_final`)."""
+
+
+@dataclass(frozen=True)
+class RunImage:
+    """One run of a tree with its ids replaced by names that do not depend on the run id."""
+
+    name: str
+    state: JSON
+    results: Mapping[str, int]
+    """How many events of each result (non-write-ahead) type the log holds."""
+    write_ahead: Mapping[str, int]
+    """How many write-ahead records of each type the log holds."""
+
+
+def _names(world: World, run_ids: Sequence[str]) -> dict[str, str]:
+    """Each run id and session id of a tree -> a name made of step paths and call ids.
+
+    Sub-run ids are derived from the parent run id (and the session id and the call id),
+    session ids from the run id, the step path and the attempt: naming each by what it
+    was derived from makes two trees of one workflow comparable.
+    """
+    names = {run_ids[0]: "<run>"}
+    for run_id in run_ids:
+        parent = names[run_id]
+        for e in world.read_run_log(run_id):
+            if isinstance(e, SubRunReserved):
+                names[e.sub_run_id] = f"<{parent}:{e.step_path}/{e.call_id or ''}>"
+            elif isinstance(e, SessionStarted):
+                names[str(e.originator_id)] = f"<session {parent}:{e.step_path}#{e.attempt}>"
+    return names
+
+
+def _rename(value: JSON, names: Mapping[str, str]) -> JSON:
+    if isinstance(value, str):
+        for raw, name in names.items():
+            if raw in value:
+                value = value.replace(raw, name)
+        return value
+    if isinstance(value, list):
+        return [_rename(v, names) for v in value]
+    if isinstance(value, dict):
+        return {_rename_key(k, names): _rename(v, names) for k, v in value.items()}
+    return value
+
+
+def _rename_key(key: str, names: Mapping[str, str]) -> str:
+    renamed = _rename(key, names)
+    assert isinstance(renamed, str)
+    return renamed
+
+
+def canonical_tree(world: World, run_id: str, violations: list[Violation]) -> dict[str, RunImage]:
+    """Every run of the tree of ``run_id``, by name, as :class:`RunImage`.
+
+    Check 5 runs here: each run is replayed twice, and a failure or a difference is a
+    violation. The state is ``replay_run(...).state`` without
+    :data:`VOLATILE_STATE_FIELDS`, with run and session ids renamed (:func:`_names`) and
+    the sub-run ids sorted (sub-runs started concurrently are reserved in any order).
+    """
+    run_ids = tree_run_ids(world, run_id)
+    names = _names(world, run_ids)
+    images: dict[str, RunImage] = {}
+    for rid in run_ids:
+        try:
+            first = replay_run(world, rid)
+            second = replay_run(world, rid)
+        except LittleEsError as exc:
+            violations.append(Violation(rid, f"replay_run failed: {type(exc).__name__}: {exc}"))
+            continue
+        if first != second:
+            violations.append(Violation(rid, "two replay_run calls gave different results"))
+        dumped = first.state.model_dump(mode="json")
+        for key in VOLATILE_STATE_FIELDS:
+            dumped.pop(key, None)
+        state = _rename(dumped, names)
+        assert isinstance(state, dict)
+        subs = state.get("sub_run_ids")
+        if isinstance(subs, list):
+            state["sub_run_ids"] = [*sorted(map(str, subs))]
+        results: Counter[str] = Counter()
+        write_ahead: Counter[str] = Counter()
+        for e in world.read_run_log(rid):
+            (write_ahead if type(e).write_ahead else results)[e.wire_name] += 1
+        images[names[rid]] = RunImage(names[rid], state, dict(results), dict(write_ahead))
+    return images
+
+
+def check_final(
+    run_id: str, actual: Mapping[str, RunImage], expected: Mapping[str, RunImage]
+) -> list[Violation]:
+    """Check 4: the tree of ``run_id`` against the uninterrupted run's."""
+    violations: list[Violation] = []
+    missing = sorted(set(expected) - set(actual))
+    extra = sorted(set(actual) - set(expected))
+    if missing:
+        violations.append(Violation(run_id, f"runs missing from the tree: {missing}"))
+    if extra:
+        violations.append(Violation(run_id, f"runs in the tree that should not be: {extra}"))
+    for name in sorted(set(actual) & set(expected)):
+        got, want = actual[name], expected[name]
+        if got.state != want.state:
+            violations.append(
+                Violation(run_id, f"{name}: final state differs: {_diff(got.state, want.state)}")
+            )
+        if got.results != want.results:
+            violations.append(
+                Violation(
+                    run_id,
+                    f"{name}: result events {dict(got.results)}"
+                    f" != uninterrupted {dict(want.results)}",
+                )
+            )
+        short = {
+            k: (got.write_ahead.get(k, 0), n)
+            for k, n in want.write_ahead.items()
+            if got.write_ahead.get(k, 0) < n
+        }
+        if short:
+            violations.append(
+                Violation(run_id, f"{name}: fewer write-ahead records than uninterrupted: {short}")
+            )
+    return violations
+
+
+def _diff(got: JSON, want: JSON, path: str = "") -> str:
+    """The first place where two JSON values differ, for a readable violation."""
+    if isinstance(got, dict) and isinstance(want, dict):
+        for key in sorted(set(got) | set(want)):
+            if got.get(key) != want.get(key):
+                return _diff(got.get(key), want.get(key), f"{path}.{key}")
+    if isinstance(got, list) and isinstance(want, list) and len(got) == len(want):
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            if g != w:
+                return _diff(g, w, f"{path}[{i}]")
+    return f"at {path or '.'}: {_short(got)} != {_short(want)} (uninterrupted)"
+
+
+def _short(value: JSON) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."

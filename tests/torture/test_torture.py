@@ -1,0 +1,146 @@
+"""The short torture run (CI), the fresh-interpreter engine, and the checker's own tests.
+
+The long version: ``python -m tests.torture --kills 1000 --world URL``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from tests.torture.checker import LogFacts, RunImage, check_final, check_ledger
+from tests.torture.child import BUG_ENV, RERUN_COMPLETED
+from tests.torture.driver import (
+    AppendsKill,
+    ForkServerEngine,
+    SubprocessEngine,
+    Summary,
+    TimerKill,
+    Torturer,
+    torture,
+)
+from tests.torture.ledger import Entry, step_item
+from tests.torture.workflow import BUGGY_STEP
+
+if TYPE_CHECKING:
+    from tests.conftest import WorldSpec
+
+pytestmark = pytest.mark.torture
+
+SHORT_KILLS = 10
+SHORT_BOUNDARIES = 3
+SEED = 16
+
+
+@pytest.mark.backends("sqlite", "postgres")
+def test_short_torture(world_spec: WorldSpec, tmp_path: Path) -> None:
+    """Seeded kills (boundaries, timers, append counts): every run passes every check."""
+    summary = torture(
+        world_spec.url,
+        kills=SHORT_KILLS,
+        seed=SEED,
+        boundaries=SHORT_BOUNDARIES,
+        workdir=tmp_path / "torture",
+    )
+    print(summary.line(world_spec.url))
+    assert summary.violations == []
+    assert summary.kills >= SHORT_KILLS
+    assert summary.resumes >= summary.kills
+
+
+@pytest.mark.backends("sqlite")
+def test_fresh_interpreter_per_process(world_spec: WorldSpec, tmp_path: Path) -> None:
+    """The same checks with a new interpreter per process (no fork server in between)."""
+    torturer = Torturer(world_spec.url, tmp_path / "torture", SubprocessEngine())
+    torturer.open()
+    try:
+        # One kill mid-run by its own hand, one by a timer (past the imports).
+        timer = TimerKill(torturer.startup_seconds + 0.05)
+        report = torturer.run("torture-fresh", [AppendsKill(30), timer])
+    finally:
+        torturer.close()
+    assert report.violations == []
+    assert report.kills >= 1
+    # What the final state was compared with: the whole tree, completed, artifact included.
+    assert sorted(torturer.reference) == [
+        "<<run>:nested/>",
+        "<<run>:orchestrate/s1>",
+        "<<run>:orchestrate/s2>",
+        "<<run>:orchestrate/s3>",
+        "<run>",
+    ]
+    main = torturer.reference["<run>"].state
+    assert isinstance(main, dict) and main["status"] == "completed"
+    steps = main["steps"]
+    assert isinstance(steps, dict) and len(steps) == 20
+    big = steps["big"]
+    assert isinstance(big, dict) and big["output_ref"] is not None
+
+
+@pytest.mark.backends("sqlite", "postgres")
+def test_checker_flags_a_rerun_of_a_completed_step(world_spec: WorldSpec, tmp_path: Path) -> None:
+    """The deliberate bug (``TORTURE_BUG``) runs a committed step again: it is reported."""
+    torturer = Torturer(
+        world_spec.url, tmp_path / "torture", ForkServerEngine(), env={BUG_ENV: RERUN_COMPLETED}
+    )
+    torturer.open()
+    try:
+        report = torturer.run("torture-bug", [AppendsKill(12)])
+    finally:
+        torturer.close()
+    messages = [v.what for v in report.violations]
+    rerun = f"step torture-bug {BUGGY_STEP} #1 was committed when process 0 was killed"
+    assert any(m.startswith(rerun) for m in messages), messages
+    assert "one more resume executed something" in messages
+    # Nothing else is wrong with the run: the checker names what the bug did, only that.
+    assert all(m.startswith(rerun) or m == "one more resume executed something" for m in messages)
+
+
+def test_checker_flags_double_execution_and_results_without_execution() -> None:
+    """The ledger checks on hand-made ledgers."""
+    a, b, c = (step_item("r", p, 1) for p in ("a", "b", "c"))
+    facts = LogFacts(committed={a, b}, ledgered={a, b})
+    entries = [Entry(a, 0), Entry(a, 0), Entry(c, 1)]
+    report = check_ledger("r", entries, [{a}, {a, b}], facts)
+    found = sorted(v.what for v in report.violations)
+    assert found == [
+        "step r a #1 executed 2 times in process 0",
+        "step r b #1 has a result in the log but never executed",
+        "step r c #1 executed but its result is not in the log",
+    ]
+
+
+def test_checker_counts_in_flight_re_executions() -> None:
+    """An item run in process 0, not committed at the kill, run again in 1: one re-execution."""
+    a = step_item("r", "a", 1)
+    facts = LogFacts(committed={a}, ledgered={a})
+    report = check_ledger("r", [Entry(a, 0), Entry(a, 1)], [set(), {a}], facts)
+    assert report.violations == []
+    assert report.reexecuted == 1
+
+
+def test_summary_line_names_every_figure() -> None:
+    """The long version's one line: runs, kills, resumes, re-executions, violations, seconds."""
+    summary = Summary(runs=2, kills=3, resumes=4, reexecuted=1, seconds=1.5, engine="local-fork")
+    assert summary.line("postgresql://u:secret@h/db") == (
+        "torture engine=local-fork world=postgresql://u:***@h/db runs=2 kills=3 resumes=4"
+        " reexecuted_in_flight=1 violations=0 seconds=1.5"
+    )
+
+
+def test_checker_flags_a_different_final_state() -> None:
+    """A state, a result count or a missing run that differs from the uninterrupted run's."""
+    want = {
+        "<run>": RunImage("<run>", {"output": {"n": 1}}, {"StepCompleted": 2}, {"StepStarted": 2}),
+        "<<run>:nested/>": RunImage("<<run>:nested/>", {}, {}, {}),
+    }
+    got = {"<run>": RunImage("<run>", {"output": {"n": 2}}, {"StepCompleted": 3}, {})}
+    found = [v.what for v in check_final("r", got, want)]
+    assert found == [
+        "runs missing from the tree: ['<<run>:nested/>']",
+        "<run>: final state differs: at .output.n: 2 != 1 (uninterrupted)",
+        "<run>: result events {'StepCompleted': 3} != uninterrupted {'StepCompleted': 2}",
+        "<run>: fewer write-ahead records than uninterrupted: {'StepStarted': (0, 2)}",
+    ]
