@@ -27,7 +27,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from little_es.artifacts import FileArtifactStore, MemoryArtifactStore
+from little_es.backends.memory import MemoryArtifactStore
+from little_es.backends.sqlite import FileArtifactStore
 from little_es.domain import HarnessSession, Run
 from little_es.errors import (
     ArtifactIntegrityError,
