@@ -59,7 +59,7 @@ _PAGE_SIZE = 1000
 
 
 class RunsProjectionError(LittleEsError):
-    """The runs read model cannot be brought up to date (an event of a run cannot be read)."""
+    """The runs read model cannot be brought up to date (unreadable event, refused position)."""
 
 
 # -------------------------------------------------------------------- projection
