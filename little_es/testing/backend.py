@@ -48,6 +48,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -890,6 +891,19 @@ class EventRecorderTestCase(persistence.ApplicationRecorderTestCase[Any], WorldT
             insert = functools.partial(recorder.insert_events, durable=False)
             self.enterContext(mock.patch.object(recorder, "insert_events", insert))
         return recorder
+
+    def test_concurrent_no_conflicts(self, initial_position: int = 0) -> None:
+        """eventsourcing's case, then a wait for the reader threads it leaves running."""
+        before = set(threading.enumerate())
+        try:
+            super().test_concurrent_no_conflicts(initial_position)
+        finally:
+            # They stop at their next poll; the world must not be closed (nor its
+            # files removed) under them, which can crash SQLite. Threads are named
+            # after their target; a pool's own threads live until it closes.
+            for thread in set(threading.enumerate()) - before:
+                if thread.name.endswith("(read_continuously)"):
+                    thread.join(timeout=30)
 
 
 class WriteAheadEventRecorderTestCase(EventRecorderTestCase):
