@@ -13,18 +13,19 @@ A backend (:mod:`little_es.backends`) passes these cases:
   :class:`RunsViewTestCase` (the runs read model is a tracking recorder).
 
 They are :class:`unittest.TestCase` classes, like eventsourcing's: they run
-under ``unittest`` and pytest alike, need nothing beyond the standard library
-(pytest is not a dependency of little_es), and extend eventsourcing's cases
-rather than wrap them. Every case gets its worlds from one abstract hook,
-:meth:`WorldTestCase.make_world`, so a backend's tests are one mixin that makes
-fresh storage per test plus one line per case::
+under ``unittest`` and pytest alike, need no test runner that little_es does
+not depend on, and extend eventsourcing's cases rather than wrap them (install
+the ``testing`` extra: eventsourcing's test module imports its cipher). Every
+case gets its worlds from one abstract hook, :meth:`WorldTestCase.make_world`,
+so a backend's tests are one storage class that makes fresh storage per test
+plus one line per case::
 
     from little_es.testing import backend as conformance
 
-    class MyStorage:
+    class MyStorage(conformance.WorldTestCase):
         def setUp(self) -> None:
-            ...  # fresh, empty storage for this test (and addCleanup to remove it)
             super().setUp()
+            ...  # fresh, empty storage for this test (and addCleanup to remove it)
 
         def make_world(self) -> World:
             return World(MyBackend(LittleApplication, ...))
