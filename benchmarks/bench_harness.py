@@ -60,8 +60,8 @@ from little_es import (
     run_agent_session,
     tool,
 )
+from little_es.backends.sqlite import Synchronous
 from little_es.ids import session_stream_id
-from little_es.sqlite import Synchronous
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 STEP = "agent"

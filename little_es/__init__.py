@@ -4,6 +4,7 @@ The public API is re-exported here; everything else is internal. See the README.
 """
 
 from little_es.artifacts import HydratedArtifact
+from little_es.backends.base import RunSummary
 from little_es.domain import HarnessSession, OuterLoop, Run
 from little_es.engine.local import RunResult, run_workflow
 from little_es.errors import (
@@ -94,7 +95,7 @@ from little_es.pricing import (
     register_model_price,
     unregister_model_price,
 )
-from little_es.projections import RunSummary, list_runs
+from little_es.projections import list_runs
 from little_es.replay import ReplayPlanStep, ReplayResult, replay_run
 from little_es.values import (
     ArtifactRef,

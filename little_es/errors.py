@@ -132,7 +132,7 @@ class ConcurrentRunError(ConcurrencyConflictError):
 
 
 class RunsProjectionError(LittleEsError):
-    """The runs read model cannot be brought up to date (unreadable event, unknown backend)."""
+    """The runs read model cannot be brought up to date (unreadable event, refused position)."""
 
 
 class RunStateError(LittleEsError):

@@ -32,10 +32,10 @@ from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
+from little_es.backends.base import RunSummary
 from little_es.events import Event, StepCompleted, StepFailed, StepStarted
 from little_es.materialize import MaterializedRunState
 from little_es.orchestrator import RunTree, SubRunSummary, list_sub_runs, run_tree, sum_usage
-from little_es.projections import RunSummary
 from little_es.replay import ReplayResult, read_run_state
 from little_es.values import UsageTotals
 from little_es.world import World

@@ -1,4 +1,10 @@
-"""A World is where runs live: an eventsourcing Application plus an artifact store.
+"""A World is where runs live: an eventsourcing Application on a storage backend.
+
+The World is the facade: it writes (one transaction per save, snapshots at
+doubling versions) and reads (streams, a run's merged log, aggregates) through
+one :class:`~little_es.backends.base.Backend`, which holds the storage: the
+eventsourcing recorders, artifacts, leases and the runs read model. The
+functions here open one from arguments or a URL:
 
 * :func:`local_world` - one SQLite file and content-addressed artifact files
   under a data directory (the embedded default, ``.little-workflow``);
@@ -14,11 +20,9 @@ The world only ever inserts events. No code path updates or deletes one.
 from __future__ import annotations
 
 import gc
-import hashlib
 import heapq
 import os
 import re
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from operator import attrgetter
@@ -30,16 +34,11 @@ from uuid import UUID
 
 from eventsourcing.application import AggregateNotFoundError, Application
 from eventsourcing.persistence import IntegrityError, StoredEvent
-from eventsourcing.sqlite import SQLiteAggregateRecorder
 from eventsourcing.utils import get_topic
 
-from little_es import faults
-from little_es.artifacts import (
-    ArtifactStore,
-    FileArtifactStore,
-    MemoryArtifactStore,
-    PostgresArtifactStore,
-)
+from little_es.backends.base import Backend
+from little_es.backends.memory import MemoryBackend
+from little_es.backends.sqlite import SQLiteBackend, Synchronous
 from little_es.codec import OrjsonTranscoder, PydanticMapper
 from little_es.domain import Aggregate, HarnessSession, OuterLoop, Run
 from little_es.errors import (
@@ -49,11 +48,10 @@ from little_es.errors import (
     WorldConfigError,
 )
 from little_es.events import Event, RunEvent, Snapshot, StepStarted
+from little_es.faults import after_append
 from little_es.ids import outer_loop_stream_id, run_stream_id, validate_run_id
-from little_es.leases import FileRunLeases, MemoryRunLeases, PostgresRunLeases, RunLeases
 from little_es.materialize import MaterializedRunState, materialize_run_state
 from little_es.pricing import price_usage
-from little_es.sqlite import SYNCHRONOUS_ENV, LittleSQLiteFactory, Synchronous
 from little_es.values import Pricer
 
 WORLD_ENV_VAR = "LITTLE_ES_WORLD"
@@ -135,83 +133,7 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-_Row = tuple[int, str, bytes]
-"""One stored event as the read path needs it: (version, topic, state)."""
-_Select = Callable[[UUID, int | None], Sequence[_Row]]
 _timestamp = attrgetter("timestamp")
-
-
-def _row_selector(recorder: Any) -> _Select:
-    """A SELECT of one stream's (version, topic, state) rows from the recorder's own table.
-
-    eventsourcing's ``select_events`` builds a ``StoredEvent`` and a UUID for
-    every row, although the stream id is the one asked for (measured: 8 us of a
-    row's 25 us replay cost). SQL backends are read directly instead; any other
-    recorder goes through ``select_events``.
-    """
-    if isinstance(recorder, SQLiteAggregateRecorder):
-        return _sqlite_selector(recorder)
-    # Looked up, not imported: importing psycopg would slow every SQLite-only
-    # start, and a PostgreSQL recorder has loaded this module already.
-    postgres = sys.modules.get("eventsourcing.postgres")
-    if postgres is not None and isinstance(recorder, postgres.PostgresAggregateRecorder):
-        return _postgres_selector(recorder)
-
-    def select(stream_id: UUID, after: int | None) -> Sequence[_Row]:
-        rows = recorder.select_events(stream_id, gt=after)
-        return [(r.originator_version, r.topic, r.state) for r in rows]
-
-    return select
-
-
-def _sqlite_selector(recorder: SQLiteAggregateRecorder) -> _Select:
-    base = (
-        f"SELECT originator_version, topic, state FROM {recorder.events_table_name}"
-        " WHERE originator_id=? "
-    )
-    every = base + "ORDER BY originator_version"
-    later = base + "AND originator_version>? ORDER BY originator_version"
-    datastore = recorder.datastore
-
-    def select(stream_id: UUID, after: int | None) -> Sequence[_Row]:
-        # The recorder's transaction: its pool, locking and error translation.
-        with datastore.transaction(commit=False) as cursor:
-            raw = cursor.sqlite_cursor
-            raw.row_factory = None  # plain tuples, not sqlite3.Row
-            if after is None:
-                raw.execute(every, (stream_id.hex,))
-            else:
-                raw.execute(later, (stream_id.hex, after))
-            rows: list[_Row] = raw.fetchall()
-            return rows
-
-    return select
-
-
-def _postgres_selector(recorder: Any) -> _Select:
-    from psycopg.rows import tuple_row
-    from psycopg.sql import SQL, Identifier
-
-    base = SQL(
-        "SELECT originator_version, topic, state FROM {schema}.{table} WHERE originator_id = %s"
-    ).format(
-        schema=Identifier(recorder.datastore.schema),
-        table=Identifier(recorder.events_table_name),
-    )
-    every = base + SQL(" ORDER BY originator_version")
-    later = base + SQL(" AND originator_version > %s ORDER BY originator_version")
-    datastore = recorder.datastore
-
-    def select(stream_id: UUID, after: int | None) -> Sequence[_Row]:
-        with datastore.get_connection() as conn, conn.cursor(row_factory=tuple_row) as cursor:
-            if after is None:
-                cursor.execute(every, (stream_id,), prepare=True)
-            else:
-                cursor.execute(later, (stream_id, after), prepare=True)
-            rows: list[_Row] = cursor.fetchall()
-            return rows
-
-    return select
 
 
 def _reached_doubling(version: int, saved: int, interval: int) -> bool:
@@ -255,28 +177,27 @@ def merge_by_timestamp(streams: list[list[Event]]) -> list[Event]:
 
 
 class World:
-    """Runs' event logs and artifacts in one place. Use as a context manager to close it."""
+    """Runs' event logs and artifacts in one place. Use as a context manager to close it.
 
-    def __init__(
-        self,
-        app: LittleApplication,
-        artifacts: ArtifactStore,
-        leases: RunLeases,
-        name: str,
-        *,
-        pricer: Pricer = price_usage,
-    ) -> None:
+    Open one with the functions below, or as ``World(backend)`` on a
+    :class:`~little_es.backends.base.Backend` opened with :class:`LittleApplication`.
+    """
+
+    def __init__(self, backend: Backend, *, pricer: Pricer = price_usage) -> None:
+        app = backend.app
+        assert isinstance(app, LittleApplication)
+        self.backend = backend
         self.app = app
         self.pricer = pricer
         """Prices the model calls of every run this world folds (loads, replays, projects)."""
         self._projectors = {**app.snapshotting_projectors, Run: _run_projector(lambda: self.pricer)}
-        self.artifacts = artifacts
-        self.leases = leases
-        self.name = name
+        self.artifacts = backend.artifacts
+        self.leases = backend.leases
+        self.name = backend.name
         mapper = app.mapper
         assert isinstance(mapper, PydanticMapper)
         self._mapper = mapper
-        self._select = _row_selector(app.recorder)
+        self._select = backend.select_rows
 
     def __repr__(self) -> str:
         return f"World({self.name})"
@@ -294,8 +215,7 @@ class World:
 
     def close(self) -> None:
         """Close database connections and the artifact store."""
-        self.app.close()
-        self.artifacts.close()
+        self.backend.close()
 
     # ------------------------------------------------------------------ writing
 
@@ -321,7 +241,7 @@ class World:
                 f"another writer appended to {ids} first; nothing was written: reload and retry"
             ) from exc
         self._take_snapshots(batches)
-        faults.after_append(pending)
+        after_append(pending)
 
     def _take_snapshots(self, batches: list[tuple[Aggregate, list[Event]]]) -> None:
         """Snapshot each aggregate whose save reached ``interval * 2**k`` events (see
@@ -450,7 +370,7 @@ class World:
         return found
 
     def run_lease(self, run_id: str) -> AbstractContextManager[None]:
-        """Hold the exclusive lease on ``run_id`` (see :mod:`little_es.leases`)."""
+        """Hold the exclusive lease on ``run_id`` (:class:`~little_es.backends.base.RunLeases`)."""
         return self.leases.hold(validate_run_id(run_id))
 
 
@@ -459,8 +379,7 @@ class World:
 
 def memory_world() -> World:
     """A world in this process's memory, gone when it exits. For tests."""
-    app = LittleApplication(env={"PERSISTENCE_MODULE": "eventsourcing.popo"})
-    return World(app, MemoryArtifactStore(), MemoryRunLeases(), "memory://")
+    return World(MemoryBackend(LittleApplication))
 
 
 def local_world(
@@ -468,13 +387,14 @@ def local_world(
 ) -> World:
     """The embedded world: ``{data_dir}/events.sqlite3`` plus ``{data_dir}/artifacts/``.
 
-    ``synchronous`` is the fsync policy (:mod:`little_es.sqlite`): ``"full"``
-    survives power cuts, ``"normal"`` survives killed processes only and
-    commits several times faster.
+    ``synchronous`` is the fsync policy (:mod:`little_es.backends.sqlite`):
+    ``"full"`` survives power cuts, ``"normal"`` survives killed processes only
+    and commits several times faster.
     """
     if synchronous not in ("full", "normal"):
         raise WorldConfigError(
-            f"synchronous must be 'full' or 'normal', got {synchronous!r} (see little_es.sqlite)"
+            f"synchronous must be 'full' or 'normal', got {synchronous!r}"
+            " (see little_es.backends.sqlite)"
         )
     root = Path(data_dir)
     if "\x00" in str(root):
@@ -485,41 +405,7 @@ def local_world(
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise WorldConfigError(f"cannot create data_dir {str(root)!r}: {exc}") from exc
-    app = LittleApplication(
-        env={
-            "PERSISTENCE_MODULE": get_topic(LittleSQLiteFactory),
-            "SQLITE_DBNAME": str(root / "events.sqlite3"),
-            "SQLITE_LOCK_TIMEOUT": "30",
-            SYNCHRONOUS_ENV: synchronous,
-        }
-    )
-    return World(
-        app,
-        FileArtifactStore(root / "artifacts"),
-        FileRunLeases(root / "leases"),
-        f"sqlite:///{root.resolve()}",
-    )
-
-
-@contextmanager
-def _postgres_setup_lock(conninfo: str, scope: str) -> Iterator[None]:
-    # Processes opening a fresh world at once would race on CREATE TABLE IF NOT
-    # EXISTS, which PostgreSQL can fail on its catalog's unique index: create
-    # the tables one process at a time.
-    import psycopg
-
-    digest = hashlib.sha256(b"little_es tables:" + scope.encode()).digest()
-    key = int.from_bytes(digest[:8], "big", signed=True)
-    with psycopg.connect(conninfo, autocommit=True, connect_timeout=5) as conn:
-        conn.execute("SELECT pg_advisory_lock(%s)", (key,))
-        try:
-            yield
-        finally:
-            conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
-
-
-# A topic, not an import: psycopg is an optional dependency.
-_POSTGRES_FACTORY = "little_es.postgres:LittlePostgresFactory"
+    return World(SQLiteBackend(LittleApplication, root, synchronous=synchronous))
 
 
 def postgres_world(dsn: str, *, schema: str = "") -> World:
@@ -534,34 +420,24 @@ def postgres_world(dsn: str, *, schema: str = "") -> World:
     schema = schema or query.get("schema", [""])[0]
     if schema and re.fullmatch(r"[a-z_][a-z0-9_]*", schema) is None:
         raise WorldConfigError(f"invalid schema name {schema!r}")
-    conninfo = (
-        f"dbname={dbname} host={parts.hostname or '127.0.0.1'} port={parts.port or 5432}"
-        f" user={unquote(parts.username or 'postgres')}"
-        + (f" password={unquote(parts.password)}" if parts.password else "")
-    )
     try:
-        with _postgres_setup_lock(conninfo, schema or "public"):
-            app = LittleApplication(
-                env={
-                    "PERSISTENCE_MODULE": _POSTGRES_FACTORY,
-                    "POSTGRES_DBNAME": dbname,
-                    "POSTGRES_HOST": parts.hostname or "127.0.0.1",
-                    "POSTGRES_PORT": str(parts.port or 5432),
-                    "POSTGRES_USER": unquote(parts.username or "postgres"),
-                    "POSTGRES_PASSWORD": unquote(parts.password or ""),
-                    "POSTGRES_SCHEMA": schema,
-                    "POSTGRES_POOL_SIZE": "5",
-                    "POSTGRES_MAX_OVERFLOW": "10",
-                    "POSTGRES_CONNECT_TIMEOUT": "5",
-                }
-            )
-            datastore = app.factory.datastore  # type: ignore[attr-defined]
-            table = f"{schema}.little_es_artifacts" if schema else "little_es_artifacts"
-            artifacts = PostgresArtifactStore(datastore.pool, table=table, owns_pool=False)
+        # Here, not at the top: psycopg is an optional extra, and importing it
+        # would slow every start of a SQLite-only process.
+        from little_es.backends.postgres import PostgresBackend
+
+        backend = PostgresBackend(
+            LittleApplication,
+            dbname=dbname,
+            host=parts.hostname or "127.0.0.1",
+            port=parts.port or 5432,
+            user=unquote(parts.username or "postgres"),
+            password=unquote(parts.password or ""),
+            schema=schema,
+            name=_redact(dsn),
+        )
     except Exception as exc:
         raise WorldConfigError(f"cannot open PostgreSQL world {_redact(dsn)}: {exc}") from exc
-    leases = PostgresRunLeases(conninfo, scope=schema or "public")
-    return World(app, artifacts, leases, _redact(dsn))
+    return World(backend)
 
 
 def open_world(url: str | None = None) -> World:

@@ -25,7 +25,9 @@ change rather than take the ``world`` fixture.
 PostgreSQL comes from ``$LITTLE_ES_TEST_POSTGRES_DSN`` (default
 ``postgresql://postgres@127.0.0.1:5432/test``). When the server does not answer,
 postgres tests are skipped, except under ``CI=true`` where they fail: CI must
-not pass by skipping its PostgreSQL coverage.
+not pass by skipping its PostgreSQL coverage. The unittest-style conformance
+cases of ``test_backends.py`` use the same helpers (:func:`postgres_problem`,
+:func:`create_test_schema`, :func:`drop_test_schema`) to the same effect.
 """
 
 from __future__ import annotations
@@ -84,8 +86,8 @@ def postgres_dsn() -> str:
     return os.environ.get(POSTGRES_DSN_ENV_VAR) or DEFAULT_POSTGRES_DSN
 
 
-def require_postgres() -> str:
-    """Return the test DSN; skip the test if the server does not answer (fail under CI=true)."""
+def postgres_problem() -> str | None:
+    """Why the test PostgreSQL server cannot be used (skip, or fail under CI=true), or None."""
     dsn = postgres_dsn()
     if dsn not in _postgres_problem:
         try:
@@ -95,12 +97,40 @@ def require_postgres() -> str:
         except psycopg.Error as exc:
             _postgres_problem[dsn] = f"{type(exc).__name__}: {exc}".strip()
     problem = _postgres_problem[dsn]
-    if problem is not None:
-        reason = f"PostgreSQL not reachable at {dsn} ({problem}); set {POSTGRES_DSN_ENV_VAR}"
-        if os.environ.get("CI", "").lower() == "true":
+    if problem is None:
+        return None
+    return f"PostgreSQL not reachable at {dsn} ({problem}); set {POSTGRES_DSN_ENV_VAR}"
+
+
+def postgres_required_in_ci() -> bool:
+    """Whether an unreachable PostgreSQL fails the tests instead of skipping them."""
+    return os.environ.get("CI", "").lower() == "true"
+
+
+def require_postgres() -> str:
+    """Return the test DSN; skip the test if the server does not answer (fail under CI=true)."""
+    reason = postgres_problem()
+    if reason is not None:
+        if postgres_required_in_ci():
             pytest.fail(reason, pytrace=False)
         pytest.skip(reason)
-    return dsn
+    return postgres_dsn()
+
+
+def create_test_schema(dsn: str) -> str:
+    """Create a fresh schema for one test and return its name."""
+    schema = f"little_es_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    return schema
+
+
+def drop_test_schema(dsn: str, schema: str) -> None:
+    """Drop a test's schema and everything in it."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        # A world a test left open must not make the teardown hang forever.
+        conn.execute("SET lock_timeout = '10s'")
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
 @dataclass(frozen=True)
@@ -144,7 +174,8 @@ class WorldSpec:
         return conn
 
 
-def _with_query(dsn: str, key: str, value: str) -> str:
+def with_query(dsn: str, key: str, value: str) -> str:
+    """``dsn`` with one more query parameter."""
     return f"{dsn}{'&' if '?' in dsn else '?'}{key}={value}"
 
 
@@ -159,16 +190,11 @@ def world_spec(backend: str, tmp_path: Path) -> Iterator[WorldSpec]:
         yield WorldSpec("sqlite", f"sqlite:///{data_dir}", data_dir=data_dir)
         return
     dsn = require_postgres()
-    schema = f"little_es_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    schema = create_test_schema(dsn)
     try:
-        yield WorldSpec("postgres", _with_query(dsn, "schema", schema), dsn=dsn, schema=schema)
+        yield WorldSpec("postgres", with_query(dsn, "schema", schema), dsn=dsn, schema=schema)
     finally:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            # A world a test left open must not make the teardown hang forever.
-            conn.execute("SET lock_timeout = '10s'")
-            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+        drop_test_schema(dsn, schema)
 
 
 @pytest.fixture

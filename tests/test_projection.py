@@ -9,11 +9,12 @@ import orjson
 import pytest
 from eventsourcing.persistence import IntegrityError, StoredEvent, Tracking
 
+from little_es.backends.base import RunSummary
 from little_es.domain import OuterLoop
 from little_es.errors import RunsProjectionError
 from little_es.events import OuterLoopStarted, utc_now
 from little_es.ids import run_stream_id
-from little_es.projections import RunsProjection, RunSummary, list_runs
+from little_es.projections import RunsProjection, list_runs
 from little_es.replay import replay_run
 from little_es.testing.logs import RunWriter, priced, unpriced, write_agent_run
 from little_es.world import World

@@ -23,7 +23,7 @@ import orjson
 import pytest
 from conftest import WorldSpec
 
-from little_es.artifacts import MemoryArtifactStore
+from little_es.backends.memory import MemoryArtifactStore
 from little_es.domain import Run
 from little_es.durability import OUTPUT_INLINE_LIMIT
 from little_es.engine.executor import sub_run_id_for

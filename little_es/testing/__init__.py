@@ -6,7 +6,9 @@
   for real (SIGKILL) right after a chosen append, in a forked child, and
   resumes it in another;
 * :mod:`little_es.testing.logs` - :class:`RunWriter` and friends, which write
-  realistic run logs through the real aggregates, for tests of readers.
+  realistic run logs through the real aggregates, for tests of readers;
+* :mod:`little_es.testing.backend` - the conformance cases a storage backend
+  passes (import it yourself: it needs the ``testing`` extra).
 """
 
 from little_es.harness.model import ScriptedModel, ScriptedReply

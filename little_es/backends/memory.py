@@ -1,0 +1,124 @@
+"""The memory backend: eventsourcing's POPO recorders, blobs, leases and read model in a dict.
+
+Everything lives in this process's memory and is gone when the backend is
+closed or the process exits. For tests.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from uuid import UUID
+
+from eventsourcing.persistence import Tracking
+from eventsourcing.popo import POPOTrackingRecorder
+
+from little_es.backends.base import (
+    ApplicationClass,
+    ArtifactStore,
+    Backend,
+    RunLeases,
+    RunSummary,
+    RunsView,
+    dump_state,
+    load_state,
+    oldest_first,
+)
+from little_es.materialize import MaterializedRunState
+
+
+class MemoryBackend(Backend):
+    """A world in this process's memory (``memory://``)."""
+
+    def __init__(self, app_class: ApplicationClass) -> None:
+        super().__init__(
+            app=app_class(env={"PERSISTENCE_MODULE": "eventsourcing.popo"}),
+            artifacts=MemoryArtifactStore(),
+            leases=MemoryRunLeases(),
+            name="memory://",
+        )
+        self._view: MemoryRunsView | None = None
+        self._view_lock = threading.Lock()
+
+    def runs_view(self) -> MemoryRunsView:
+        """The one view of this world: a later projection continues from an earlier one."""
+        with self._view_lock:
+            if self._view is None:
+                self._view = MemoryRunsView()
+            return self._view
+
+
+class MemoryArtifactStore(ArtifactStore):
+    """Blobs in a dict."""
+
+    def __init__(self) -> None:
+        self._blobs: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+
+    def _write_blob(self, sha256: str, data: bytes) -> None:
+        with self._lock:
+            self._blobs.setdefault(sha256, data)
+
+    def _read_blob(self, sha256: str) -> bytes | None:
+        return self._blobs.get(sha256)
+
+
+class MemoryRunLeases(RunLeases):
+    """Leases within one process."""
+
+    def __init__(self) -> None:
+        self._held: set[UUID] = set()
+        self._lock = threading.Lock()
+
+    def _acquire(self, key: UUID) -> UUID | None:
+        with self._lock:
+            if key in self._held:
+                return None
+            self._held.add(key)
+            return key
+
+    def _release(self, token: UUID) -> None:
+        with self._lock:
+            self._held.discard(token)
+
+
+class MemoryRunsView(POPOTrackingRecorder, RunsView):
+    """The runs read model in memory."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._states: dict[str, bytes] = {}
+        self._summaries: dict[str, RunSummary] = {}
+        self._streams: dict[UUID, str] = {}
+
+    def runs_of_streams(self, stream_ids: Iterable[UUID]) -> dict[UUID, str]:
+        """See :meth:`RunsView.runs_of_streams`."""
+        with self._database_lock:
+            return {s: self._streams[s] for s in stream_ids if s in self._streams}
+
+    def load_state(self, run_id: str) -> MaterializedRunState | None:
+        """See :meth:`RunsView.load_state`."""
+        with self._database_lock:
+            data = self._states.get(run_id)
+        # Stored serialised, like the other backends, so a caller can never alias it.
+        return None if data is None else load_state(data)
+
+    def commit(
+        self,
+        states: Mapping[str, MaterializedRunState],
+        streams: Mapping[UUID, str],
+        tracking: Tracking,
+    ) -> None:
+        """See :meth:`RunsView.commit`."""
+        dumped = {run_id: dump_state(state) for run_id, state in states.items()}
+        with self._database_lock:
+            self._assert_tracking_uniqueness(tracking)
+            self._states.update(dumped)
+            self._summaries.update({r: RunSummary.of(r, s) for r, s in states.items()})
+            self._streams.update(streams)
+            self._insert_tracking(tracking)
+
+    def summaries(self) -> tuple[RunSummary, ...]:
+        """See :meth:`RunsView.summaries`."""
+        with self._database_lock:
+            return oldest_first(self._summaries.values())

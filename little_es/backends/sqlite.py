@@ -1,0 +1,358 @@
+"""The SQLite backend: one SQLite file, artifact files and lock files under a data directory.
+
+Events go to ``{data_dir}/events.sqlite3`` through eventsourcing's SQLite
+persistence, blobs to ``{data_dir}/artifacts/``, run leases are ``flock``s on
+files in ``{data_dir}/leases/``, and the runs read model is three tables of
+the events' own file.
+
+The fsync policy: ``synchronous="full"`` (the default) fsyncs the write-ahead
+log at every commit that holds a result: a committed result survives a killed
+process *and* a power cut or OS crash. ``synchronous="normal"`` leaves the
+fsync to checkpoints: a committed event still survives a killed process (it is
+in the WAL file), but a power cut or OS crash can lose the last commits, so the
+call they recorded runs once more on resume. It makes each commit several
+times cheaper (see the README's performance table). Choose it only where losing
+the last moments of work to a power cut is acceptable.
+
+Either way, a commit of nothing but write-ahead records (``StepStarted``,
+``harness.model.called``, ...; see :attr:`little_es.events.Event.write_ahead`)
+is not fsynced: the WAL is one file, written in order, so the fsync of the next
+commit makes them durable with it, and until then losing them costs nothing a
+crash does not.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+from uuid import UUID
+
+from eventsourcing.persistence import IntegrityError, StoredEvent, Tracking
+from eventsourcing.sqlite import (
+    SQLiteAggregateRecorder,
+    SQLiteApplicationRecorder,
+    SQLiteConnection,
+    SQLiteConnectionPool,
+    SQLiteCursor,
+    SQLiteDatastore,
+    SQLiteFactory,
+    SQLiteTrackingRecorder,
+)
+from eventsourcing.utils import Environment, EnvType, get_topic
+
+from little_es.backends.base import (
+    RUN_STREAMS_TABLE,
+    RUNS_TABLE,
+    RUNS_TRACKING_TABLE,
+    ApplicationClass,
+    ArtifactStore,
+    Backend,
+    Row,
+    RunLeases,
+    RunSummary,
+    RunsView,
+    dump_state,
+    dump_summary,
+    load_state,
+    oldest_first,
+)
+from little_es.materialize import MaterializedRunState
+
+Synchronous = Literal["full", "normal"]
+SYNCHRONOUS_ENV = "LITTLE_ES_SQLITE_SYNCHRONOUS"
+
+
+class SQLiteBackend(Backend):
+    """A world in the existing directory ``data_dir`` with the fsync policy ``synchronous``."""
+
+    def __init__(
+        self, app_class: ApplicationClass, data_dir: Path, *, synchronous: Synchronous = "full"
+    ) -> None:
+        app = app_class(
+            env={
+                "PERSISTENCE_MODULE": get_topic(LittleSQLiteFactory),
+                "SQLITE_DBNAME": str(data_dir / "events.sqlite3"),
+                "SQLITE_LOCK_TIMEOUT": "30",
+                SYNCHRONOUS_ENV: synchronous,
+            }
+        )
+        super().__init__(
+            app=app,
+            artifacts=FileArtifactStore(data_dir / "artifacts"),
+            leases=FileRunLeases(data_dir / "leases"),
+            name=f"sqlite:///{data_dir.resolve()}",
+        )
+        recorder = app.recorder
+        assert isinstance(recorder, SQLiteAggregateRecorder)
+        self._datastore = recorder.datastore
+        base = (
+            f"SELECT originator_version, topic, state FROM {recorder.events_table_name}"
+            " WHERE originator_id=? "
+        )
+        self._every = base + "ORDER BY originator_version"
+        self._later = base + "AND originator_version>? ORDER BY originator_version"
+
+    def select_rows(self, stream_id: UUID, after: int | None) -> Sequence[Row]:
+        """One stream's rows, read from the recorder's table (see :meth:`Backend.select_rows`)."""
+        # The recorder's transaction: its pool, locking and error translation.
+        with self._datastore.transaction(commit=False) as cursor:
+            raw = cursor.sqlite_cursor
+            raw.row_factory = None  # plain tuples, not sqlite3.Row
+            if after is None:
+                raw.execute(self._every, (stream_id.hex,))
+            else:
+                raw.execute(self._later, (stream_id.hex, after))
+            rows: list[Row] = raw.fetchall()
+            return rows
+
+    def runs_view(self) -> SQLiteRunsView:
+        """The read model in the events' own file."""
+        view = SQLiteRunsView(self._datastore)
+        view.create_table()
+        return view
+
+
+# --------------------------------------------------------------- eventsourcing
+
+
+class _SQLiteConnectionPool(SQLiteConnectionPool):
+    def __init__(self, *, synchronous: Synchronous, **kwargs: Any) -> None:
+        self.synchronous = synchronous.upper()
+        super().__init__(**kwargs)
+
+    def _create_connection(self) -> SQLiteConnection:
+        connection = super()._create_connection()
+        # Per connection: SQLite does not store this pragma in the file.
+        connection._sqlite_conn.execute(f"PRAGMA synchronous={self.synchronous}")
+        return connection
+
+
+class LittleSQLiteApplicationRecorder(SQLiteApplicationRecorder):
+    """eventsourcing's SQLite recorder; a write-ahead-only commit is not fsynced.
+
+    ``insert_events(..., durable=False)`` commits with ``synchronous=NORMAL``
+    and then puts the connection back to the world's policy (SQLite refuses
+    the pragma inside a transaction; set before it, it applies to its commit).
+    """
+
+    def insert_events(
+        self, stored_events: Sequence[StoredEvent], *, durable: bool = True, **kwargs: Any
+    ) -> Sequence[int] | None:
+        """Insert in one transaction; fsynced per the world's policy only when ``durable``."""
+        pool = self.datastore.pool
+        assert isinstance(pool, _SQLiteConnectionPool)
+        if durable or pool.synchronous == "NORMAL":
+            return super().insert_events(stored_events, **kwargs)
+        with self.datastore.get_connection(commit=True) as conn:
+            conn._sqlite_conn.execute("PRAGMA synchronous=NORMAL")
+            try:
+                with conn.transaction(commit=True) as cursor:
+                    return self._insert_events(cursor, stored_events, **kwargs)
+            finally:
+                conn._sqlite_conn.execute(f"PRAGMA synchronous={pool.synchronous}")
+
+
+class LittleSQLiteFactory(SQLiteFactory):
+    """eventsourcing's SQLite factory, opening connections with the world's ``synchronous``."""
+
+    application_recorder_class = LittleSQLiteApplicationRecorder
+
+    def __init__(self, env: Environment | EnvType | None) -> None:
+        super().__init__(env)
+        synchronous = (self.env.get(SYNCHRONOUS_ENV) or "full").lower()
+        if synchronous not in ("full", "normal"):
+            raise ValueError(f"{SYNCHRONOUS_ENV} must be 'full' or 'normal', got {synchronous!r}")
+        old = self.datastore.pool
+        # No connection has been made yet: swap the pool for one that sets the pragma.
+        self.datastore.pool = _SQLiteConnectionPool(
+            synchronous=synchronous,  # type: ignore[arg-type]
+            db_name=old.db_name,
+            lock_timeout=old.lock_timeout,
+        )
+        old.close()
+
+
+# -------------------------------------------------------------------- artifacts
+
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+
+
+class FileArtifactStore(ArtifactStore):
+    """Blobs as files ``{root}/{sha[:2]}/{sha}``, written atomically and fsynced."""
+
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, sha256: str) -> Path:
+        # The name is a hex digest we computed or validated: it cannot escape root.
+        if _SHA256_RE.fullmatch(sha256) is None:
+            raise ValueError(f"not a sha256 hex digest: {sha256!r}")
+        return self._root / sha256[:2] / sha256
+
+    def _write_blob(self, sha256: str, data: bytes) -> None:
+        path = self._path(sha256)
+        if path.exists():
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            Path(tmp).replace(path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        # The rename is durable only once the directory entry is on disk too.
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def _read_blob(self, sha256: str) -> bytes | None:
+        try:
+            return self._path(sha256).read_bytes()
+        except FileNotFoundError:
+            return None
+
+
+# ----------------------------------------------------------------------- leases
+
+
+class FileRunLeases(RunLeases):
+    """``flock`` on one file per run; the kernel drops it when the holder dies."""
+
+    def __init__(self, directory: Path) -> None:
+        self._directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+
+    def _acquire(self, key: UUID) -> int | None:
+        fd = os.open(self._directory / f"{key.hex}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        return fd
+
+    def _release(self, token: int) -> None:
+        fcntl.flock(token, fcntl.LOCK_UN)
+        os.close(token)
+
+
+# -------------------------------------------------------------- runs read model
+
+
+class SQLiteRunsView(SQLiteTrackingRecorder, RunsView):
+    """The runs read model in the world's SQLite file, next to its events."""
+
+    def __init__(self, datastore: SQLiteDatastore, **kwargs: Any) -> None:
+        super().__init__(datastore, **kwargs)
+        # Our own tracking table, so another projection of the same world in the
+        # same file cannot share (and corrupt) this one's position.
+        self.insert_tracking_statement = (
+            f"INSERT INTO {RUNS_TRACKING_TABLE} VALUES (:application_name, :notification_id) "
+            "ON CONFLICT (application_name) DO UPDATE SET notification_id = :notification_id "
+            f"WHERE {RUNS_TRACKING_TABLE}.notification_id < :notification_id "
+            "RETURNING notification_id"
+        )
+        self.select_max_tracking_id_statement = (
+            f"SELECT MAX(notification_id) FROM {RUNS_TRACKING_TABLE} WHERE application_name=?"
+        )
+
+    def construct_create_table_statements(self) -> list[str]:
+        """The model's three tables."""
+        return [
+            f"CREATE TABLE IF NOT EXISTS {RUNS_TRACKING_TABLE} (application_name TEXT PRIMARY KEY,"
+            " notification_id INTEGER) WITHOUT ROWID",
+            f"CREATE TABLE IF NOT EXISTS {RUNS_TABLE} (run_id TEXT PRIMARY KEY,"
+            " summary BLOB NOT NULL, state BLOB NOT NULL)",
+            f"CREATE TABLE IF NOT EXISTS {RUN_STREAMS_TABLE} (stream_id TEXT PRIMARY KEY,"
+            " run_id TEXT NOT NULL)",
+        ]
+
+    def create_table(self) -> None:
+        """Create the tables (eventsourcing's tracking-table migration does not apply)."""
+        with self.datastore.transaction(commit=True) as c:
+            for statement in self.create_table_statements:
+                c.execute(statement)
+
+    def _insert_tracking(self, c: SQLiteCursor, tracking: Tracking) -> None:
+        c.execute(
+            self.insert_tracking_statement,
+            {
+                "application_name": tracking.application_name,
+                "notification_id": tracking.notification_id,
+            },
+        )
+        if c.fetchone() is None:
+            raise IntegrityError(
+                f"runs read model already tracks {tracking.application_name} at or after"
+                f" notification {tracking.notification_id}"
+            )
+
+    def runs_of_streams(self, stream_ids: Iterable[UUID]) -> dict[UUID, str]:
+        """See :meth:`RunsView.runs_of_streams`."""
+        by_hex = {s.hex: s for s in stream_ids}
+        if not by_hex:
+            return {}
+        found: dict[UUID, str] = {}
+        keys = list(by_hex)
+        with self.datastore.transaction(commit=False) as c:
+            # Bounded by SQLite's default limit of 999 host parameters per statement.
+            for i in range(0, len(keys), 500):
+                chunk = keys[i : i + 500]
+                c.execute(
+                    f"SELECT stream_id, run_id FROM {RUN_STREAMS_TABLE}"
+                    f" WHERE stream_id IN ({','.join('?' * len(chunk))})",
+                    chunk,
+                )
+                for row in c.fetchall():
+                    found[by_hex[row[0]]] = row[1]
+        return found
+
+    def load_state(self, run_id: str) -> MaterializedRunState | None:
+        """See :meth:`RunsView.load_state`."""
+        with self.datastore.transaction(commit=False) as c:
+            c.execute(f"SELECT state FROM {RUNS_TABLE} WHERE run_id = ?", (run_id,))
+            row = c.fetchone()
+        return None if row is None else load_state(row[0])
+
+    def commit(
+        self,
+        states: Mapping[str, MaterializedRunState],
+        streams: Mapping[UUID, str],
+        tracking: Tracking,
+    ) -> None:
+        """See :meth:`RunsView.commit`."""
+        rows = [
+            (run_id, dump_summary(RunSummary.of(run_id, state)), dump_state(state))
+            for run_id, state in states.items()
+        ]
+        with self.datastore.transaction(commit=True) as c:
+            self._insert_tracking(c, tracking)
+            c.executemany(
+                f"INSERT INTO {RUNS_TABLE} (run_id, summary, state) VALUES (?, ?, ?)"
+                " ON CONFLICT (run_id) DO UPDATE SET summary = excluded.summary,"
+                " state = excluded.state",
+                rows,
+            )
+            c.executemany(
+                f"INSERT OR REPLACE INTO {RUN_STREAMS_TABLE} (stream_id, run_id) VALUES (?, ?)",
+                [(s.hex, r) for s, r in streams.items()],
+            )
+
+    def summaries(self) -> tuple[RunSummary, ...]:
+        """See :meth:`RunsView.summaries`."""
+        with self.datastore.transaction(commit=False) as c:
+            c.execute(f"SELECT summary FROM {RUNS_TABLE}")
+            rows = c.fetchall()
+        return oldest_first(RunSummary.model_validate_json(row[0]) for row in rows)
