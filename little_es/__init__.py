@@ -3,7 +3,6 @@
 The public API is re-exported here; everything else is internal. See the README.
 """
 
-from little_es.artifacts import HydratedArtifact
 from little_es.backends.base import RunSummary
 from little_es.domain import HarnessSession, OuterLoop, Run
 from little_es.engine.local import RunResult, run_workflow
@@ -100,6 +99,7 @@ from little_es.replay import ReplayPlanStep, ReplayResult, replay_run
 from little_es.values import (
     ArtifactRef,
     ErrorInfo,
+    HydratedArtifact,
     Message,
     ModelRequest,
     ModelResponse,

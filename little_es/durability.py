@@ -8,7 +8,7 @@ by calling :class:`RunRecorder`:
    ``StepStarted`` has no terminal event is *in flight* and runs again on resume
    with the same attempt number (for an agent step: the same harness session,
    which fast-forwards; see :mod:`little_es.harness.session`).
-3. ``StepCompleted`` (the output, or an :class:`~little_es.artifacts.ArtifactRef`
+3. ``StepCompleted`` (the output, or an :class:`~little_es.values.ArtifactRef`
    when the output is large, whose bytes are stored first) is committed as soon
    as the step returns. Once committed the step never runs again.
 4. ``StepFailed`` records each failed attempt and whether another follows;

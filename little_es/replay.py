@@ -26,10 +26,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from little_es.artifacts import HydratedArtifact
 from little_es.ids import validate_run_id
 from little_es.materialize import COUNTED_ONLY, MaterializedRunState
-from little_es.values import ArtifactRef, JSONValue
+from little_es.values import ArtifactRef, HydratedArtifact, JSONValue
 from little_es.world import World, gc_paused
 
 __all__ = ["ReplayPlanStep", "ReplayResult", "read_run_state", "replay_run"]

@@ -158,6 +158,20 @@ class ArtifactRef(BaseModel):
     step_path: str
 
 
+class HydratedArtifact(BaseModel):
+    """An artifact's manifest together with its bytes, verified against the manifest's sha256.
+
+    Large outputs are stored once, by the sha256 of their bytes, in the world's
+    :class:`~little_es.backends.base.ArtifactStore`; events carry only the
+    :class:`ArtifactRef`. Reading one back gives this.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    manifest: ArtifactRef
+    payload: bytes
+
+
 class ErrorInfo(BaseModel):
     """A recorded failure: exception type, message, and whether a retry can help."""
 

@@ -8,9 +8,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from pydantic import ValidationError
 
-from little_es.artifacts import HydratedArtifact
 from little_es.errors import ArtifactIntegrityError, ArtifactNotFoundError
-from little_es.values import ArtifactRef
+from little_es.values import ArtifactRef, HydratedArtifact
 from little_es.world import World
 
 if TYPE_CHECKING:

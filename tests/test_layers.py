@@ -22,7 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("events", "faults", "workflow.ir", "workflow.context"),
     ("codec", "materialize", "pricing"),
     ("domain",),
-    ("backends", "backends.*", "artifacts"),
+    ("backends", "backends.*"),
     ("world",),
     ("durability",),
     ("harness", "harness.*"),

@@ -73,7 +73,7 @@ ACTIVITY_NAMES = frozenset(
 
 TEMPORAL_INLINE_LIMIT = 4 * 1024
 """Outputs and inputs up to this many JSON bytes travel through Temporal inline;
-larger ones travel as an :class:`~little_es.artifacts.ArtifactRef` or stay in the log."""
+larger ones travel as an :class:`~little_es.values.ArtifactRef` or stay in the log."""
 
 GAVE_UP_MARKER = "little_es.step_gave_up"
 """First detail of the ApplicationError a step activity raises when its attempts ran out."""

@@ -35,11 +35,10 @@ from eventsourcing.application import Application
 from eventsourcing.persistence import Tracking, TrackingRecorder
 from pydantic import BaseModel, ConfigDict
 
-from little_es.artifacts import HydratedArtifact
 from little_es.errors import ArtifactIntegrityError, ArtifactNotFoundError, ConcurrentRunError
 from little_es.ids import run_stream_id, validate_run_id
 from little_es.materialize import MaterializedRunState, RunStatus
-from little_es.values import ArtifactRef, UsageTotals
+from little_es.values import ArtifactRef, HydratedArtifact, UsageTotals
 
 Row = tuple[int, str, bytes]
 """One stored event as the read path needs it: (version, topic, state)."""
