@@ -27,7 +27,6 @@ from rich.console import Console
 
 from little_es.cli.run import load_workflow
 from little_es.errors import LittleEsError
-from little_es.workflow.authoring import Workflow
 from little_es.world import WORLD_ENV_VAR, open_world
 from little_es_temporal.worker import DEFAULT_TASK_QUEUE, connect, create_worker
 
@@ -36,48 +35,6 @@ __all__ = ["register"]
 
 class TemporalUnavailableError(LittleEsError, RuntimeError):
     """The Temporal server does not answer."""
-
-
-async def _serve(
-    workflows: list[Workflow],
-    *,
-    address: str,
-    namespace: str,
-    task_queue: str,
-    world_url: str | None,
-    sticky_timeout: float,
-    max_concurrent_activities: int | None,
-    console: Console,
-) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    with open_world(world_url) as world:
-        try:
-            client = await connect(address, namespace=namespace)
-        except RuntimeError as exc:
-            raise TemporalUnavailableError(
-                f"cannot connect to Temporal at {address} (namespace {namespace!r}): {exc}."
-                " Check --address / TEMPORAL_ADDRESS, or start a dev server with"
-                " `temporal server start-dev`"
-            ) from exc
-        worker = create_worker(
-            client,
-            world,
-            workflows=workflows,
-            task_queue=task_queue,
-            sticky_queue_schedule_to_start_timeout=timedelta(seconds=sticky_timeout),
-            max_concurrent_activities=max_concurrent_activities,
-        )
-        async with worker:
-            names = ", ".join(f"{w.id} v{w.version}" for w in workflows)
-            console.print(
-                f"serving [cyan]{names}[/] on task queue [cyan]{task_queue}[/] at {address}"
-                f" (world {world.name}); Ctrl-C stops"
-            )
-            await stop.wait()
-    console.print("worker stopped")
 
 
 def register(app: typer.Typer) -> None:
@@ -116,15 +73,36 @@ def register(app: typer.Typer) -> None:
         """Serve workflows on a Temporal task queue until interrupted (SIGINT/SIGTERM)."""
         console = Console()
         loaded = [load_workflow(ref) for ref in workflows]
-        asyncio.run(
-            _serve(
-                loaded,
-                address=address,
-                namespace=namespace,
-                task_queue=task_queue,
-                world_url=world,
-                sticky_timeout=sticky_timeout,
-                max_concurrent_activities=max_concurrent_activities,
-                console=console,
-            )
-        )
+
+        async def serve() -> None:
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(signum, stop.set)
+            with open_world(world) as opened:
+                try:
+                    client = await connect(address, namespace=namespace)
+                except RuntimeError as exc:
+                    raise TemporalUnavailableError(
+                        f"cannot connect to Temporal at {address} (namespace {namespace!r}): {exc}."
+                        " Check --address / TEMPORAL_ADDRESS, or start a dev server with"
+                        " `temporal server start-dev`"
+                    ) from exc
+                worker = create_worker(
+                    client,
+                    opened,
+                    workflows=loaded,
+                    task_queue=task_queue,
+                    sticky_queue_schedule_to_start_timeout=timedelta(seconds=sticky_timeout),
+                    max_concurrent_activities=max_concurrent_activities,
+                )
+                async with worker:
+                    names = ", ".join(f"{w.id} v{w.version}" for w in loaded)
+                    console.print(
+                        f"serving [cyan]{names}[/] on task queue [cyan]{task_queue}[/] at {address}"
+                        f" (world {opened.name}); Ctrl-C stops"
+                    )
+                    await stop.wait()
+            console.print("worker stopped")
+
+        asyncio.run(serve())
