@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -451,6 +452,86 @@ async def test_local_run_killed_mid_agent_finishes_on_temporal(
         ]
         assert _calls(ledger, "task") == [("prepare", local_pid), ("summarize", me)]
         state = replay_run(world, "run_l2t").state
+        assert state.status == "completed" and state.steps["research"].attempts == 1
+
+
+def _swap_in_sqlite(world_dir: Path, topic: str, old: bytes, new: bytes) -> None:
+    """Edit the stored ``topic`` event holding ``old`` in place, as an adversary would."""
+    with sqlite3.connect(world_dir / "events.sqlite3") as db:
+        rows = db.execute(
+            "SELECT rowid, state FROM stored_events WHERE topic = ? AND instr(state, ?) > 0",
+            (topic, old),
+        ).fetchall()
+        assert len(rows) == 1
+        db.execute(
+            "UPDATE stored_events SET state = ? WHERE rowid = ?",
+            (rows[0][1].replace(old, new), rows[0][0]),
+        )
+
+
+async def test_a_refusal_mid_agent_step_fails_the_workflow_and_records_nothing(
+    client: Client, tmp_path: Path, ledger: Path
+) -> None:
+    """A tampered recorded response: the activity fails non-retryably, nothing is appended;
+    repaired, the same session continues on Temporal and no committed call runs again."""
+    world_dir = tmp_path / "world"
+    killed = subprocess.run(
+        [
+            sys.executable,
+            str(_PROC),
+            "local",
+            "--world",
+            f"sqlite:///{world_dir}",
+            "--ledger",
+            str(ledger),
+            "--workflow",
+            proc.AGENT_WORKFLOW.id,
+            "--run-id",
+            "run_refused",
+            "--input",
+            orjson.dumps({"topic": "Tides", "turns": 4}).decode(),
+        ],
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(_REPO), str(_REPO / "adapters")]),
+            CRASH_AFTER_EVENT: "harness.model.called:turn=3",
+        },
+        capture_output=True,
+        timeout=120,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()
+    local_pid = next(pid for _, pid in _calls(ledger, "task"))
+    _swap_in_sqlite(
+        world_dir, "harness.model.responded", b"turn 1: looking up", b"turn 1: forged!!!!"
+    )
+    queue = _queue()
+    with local_world(world_dir) as world:
+        rows = len(world.read_run_log("run_refused"))
+        async with _worker(client, world, queue):
+            handle = await start_run(
+                client, proc.AGENT_WORKFLOW, run_id="run_refused", task_queue=queue
+            )
+            with pytest.raises(WorkflowFailureError) as failure:
+                await asyncio.wait_for(handle.result(), 60)
+            cause = failure.value.cause
+            assert isinstance(cause, ActivityError)
+            assert getattr(cause.cause, "type", None) == "ConversationDivergedError"
+            assert getattr(cause.cause, "non_retryable", None) is True
+            assert len(world.read_run_log("run_refused")) == rows
+            assert not _log_has(world, "run_refused", "StepFailed")
+            assert not _log_has(world, "run_refused", "RunFailed")
+            _swap_in_sqlite(
+                world_dir, "harness.model.responded", b"turn 1: forged!!!!", b"turn 1: looking up"
+            )
+            again = await start_run(
+                client, proc.AGENT_WORKFLOW, run_id="run_refused", task_queue=queue
+            )
+            done = await asyncio.wait_for(again.result(), 60)
+        assert done.output == {"topic": "tides", "answer": "found after 4 turns"}
+        me = os.getpid()
+        assert _calls(ledger, "model") == [(1, local_pid), (2, local_pid), (3, me), (4, me)]
+        assert _calls(ledger, "tool") == [("c1", local_pid), ("c2", local_pid), ("c3", me)]
+        state = replay_run(world, "run_refused").state
         assert state.status == "completed" and state.steps["research"].attempts == 1
 
 

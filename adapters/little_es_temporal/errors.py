@@ -15,7 +15,7 @@ from little_es.errors import (
     WorkflowDefinitionError,
 )
 from little_es.values import ErrorInfo
-from little_es_temporal.models import GAVE_UP_MARKER
+from little_es_temporal.models import GAVE_UP_MARKER, REFUSED_MARKER
 
 __all__ = [
     "TemporalAdapterError",
@@ -48,9 +48,16 @@ def non_retryable(exc: BaseException) -> bool:
 
 
 def to_application_error(exc: BaseException) -> ApplicationError:
-    """The Temporal error for an adapter-side failure (retryable unless :func:`non_retryable`)."""
+    """The Temporal error for an adapter-side failure (retryable unless :func:`non_retryable`).
+
+    A :class:`~little_es.errors.RuntimeIntegrityError` carries :data:`REFUSED_MARKER`
+    as its first detail: the executor recorded nothing for it, and a parent run
+    waiting on this one as a child must not record its own step as failed.
+    """
+    details = (REFUSED_MARKER,) if isinstance(exc, RuntimeIntegrityError) else ()
     return ApplicationError(
         str(exc) or type(exc).__qualname__,
+        *details,
         type=type(exc).__qualname__,
         non_retryable=non_retryable(exc),
     )

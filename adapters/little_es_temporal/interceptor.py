@@ -18,7 +18,11 @@ Around every ``little_es.run_step`` activity, :class:`LittleInterceptor`:
 5. commits ``StepCompleted``, or ``StepFailed`` and raises an
    ``ApplicationError`` that is retryable with the step's own backoff
    (``next_retry_delay``) while its ``RetryPolicy`` allows another attempt,
-   and non-retryable once it does not.
+   and non-retryable once it does not. A
+   :class:`~little_es.errors.RuntimeIntegrityError` (the step's harness
+   session disagrees with the log, a sub-run refused) is a refusal: nothing is
+   committed, and the activity fails non-retryably (so does the workflow),
+   leaving the attempt in flight for a resume once the cause is fixed.
 
 Steps 2, 3 and 5 are the engine's :class:`~little_es.engine.executor.StepExecutor`,
 the same code the local scheduler runs, so the log cannot tell the engines

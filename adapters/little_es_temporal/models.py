@@ -28,6 +28,7 @@ __all__ = [
     "FAIL_SUBWORKFLOW",
     "FINISH_SUBWORKFLOW",
     "GAVE_UP_MARKER",
+    "REFUSED_MARKER",
     "RUN_STEP",
     "SCHEDULE_BRANCHES",
     "START_RUN",
@@ -77,6 +78,11 @@ larger ones travel as an :class:`~little_es.values.ArtifactRef` or stay in the l
 
 GAVE_UP_MARKER = "little_es.step_gave_up"
 """First detail of the ApplicationError a step activity raises when its attempts ran out."""
+
+REFUSED_MARKER = "little_es.refused"
+"""The first detail of the ``ApplicationError`` of a
+:class:`~little_es.errors.RuntimeIntegrityError`: a refusal, which recorded nothing. A parent
+workflow whose child run refused must not record the child's step as failed."""
 
 
 class _Frozen(BaseModel):

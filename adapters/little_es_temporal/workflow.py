@@ -48,6 +48,7 @@ with workflow.unsafe.imports_passed_through():
         FAIL_SUBWORKFLOW,
         FINISH_SUBWORKFLOW,
         GAVE_UP_MARKER,
+        REFUSED_MARKER,
         RUN_STEP,
         SCHEDULE_BRANCHES,
         START_RUN,
@@ -119,6 +120,21 @@ def _gave_up(error: BaseException) -> bool:
         and bool(cause.details)
         and cause.details[0] == GAVE_UP_MARKER
     )
+
+
+def _refused(error: BaseException) -> ApplicationError | None:
+    # A RuntimeIntegrityError anywhere down the chain (the interceptor marks it):
+    # the run refused to go on, which is not its step's failure.
+    inner: BaseException | None = error
+    while inner is not None:
+        if (
+            isinstance(inner, ApplicationError)
+            and inner.details
+            and inner.details[0] == REFUSED_MARKER
+        ):
+            return inner
+        inner = getattr(inner, "cause", None)
+    return None
 
 
 def _describe(error: BaseException) -> ErrorInfo:
@@ -258,6 +274,16 @@ class LittleRunWorkflow:
                     static_summary=f"{self._run_id} {path}",
                 )
             except ChildWorkflowError as exc:
+                refused = _refused(exc)
+                if refused is not None:
+                    # Nothing is recorded for a refusal, in the child or here: the
+                    # step stays in flight and resumes once the cause is fixed.
+                    raise ApplicationError(
+                        refused.message,
+                        REFUSED_MARKER,
+                        type=refused.type,
+                        non_retryable=True,
+                    ) from None
                 failure = SubRunFailure(run_id=self._run_id, step_path=path, error=_describe(exc))
                 retry: StepRetry = await self._bookkeeping(FAIL_SUBWORKFLOW, failure, StepRetry)
                 if not retry.will_retry:

@@ -19,6 +19,14 @@ activity attempt). The protocol of a task, decision, agent or subworkflow step:
    retry decision (the step's :class:`~little_es.workflow.ir.RetryPolicy`
    within its attempt budget, see :func:`next_attempt`) and the backoff.
 
+A :class:`~little_es.errors.RuntimeIntegrityError`, found before a step (the
+restart checks) or during one (a harness session whose log disagrees with the
+code, a sub-run that refused), is a *refusal*, not a failure: it propagates out
+of :meth:`~StepExecutor.attempt` with nothing appended, so it is never recorded
+as ``StepFailed``/``RunFailed``, never consumes a retry, and never makes the next
+resume start a new attempt (a new harness session). Once the cause is fixed, the
+attempt in flight continues and every committed call fast-forwards.
+
 Parallel groups (:meth:`~StepExecutor.schedule_group`,
 :meth:`~StepExecutor.complete_group`), sub-runs (:meth:`~StepExecutor.sub_run`),
 and the run's start, end and failure (:func:`open_run`,
@@ -41,7 +49,7 @@ from little_es.engine.integrity import (
     run_restart_checks,
 )
 from little_es.engine.walk import branch_path
-from little_es.errors import RunStateError
+from little_es.errors import RunStateError, RuntimeIntegrityError
 from little_es.events import Event
 from little_es.harness.session import run_agent_session
 from little_es.ids import session_stream_id
@@ -368,14 +376,25 @@ class StepExecutor:
         return await self.writer.write(begin, catch_up=catch_up)
 
     async def attempt(self, begun: Begun, code: Callable[[], Awaitable[Any]]) -> Outcome:
-        """Await ``code()`` (the attempt's work) and check what it returned; never raises
-        an :class:`Exception` (it is the outcome's)."""
+        """Await ``code()`` (the attempt's work) and check what it returned.
+
+        An :class:`Exception` the step raised is the outcome's (its failure),
+        except a :class:`~little_es.errors.RuntimeIntegrityError`, which
+        propagates: it is a refusal (see :mod:`little_es.engine.executor`).
+        """
         try:
             output = await code()
             next_step = None
             if isinstance(begun.step, DecisionStep):
                 next_step = self.workflow.check_decision_target(begun.step.id, output)
             encode_output(begun.step_path, output)
+        except RuntimeIntegrityError:
+            # The log and the code disagree (a changed prompt, a tampered recorded
+            # response, a sub-run that refused): not the step's failure. Recording
+            # StepFailed would spend a retry and start a new harness session that
+            # re-runs every committed call; nothing is written, the attempt stays
+            # in flight, and a resume after the cause is fixed continues it.
+            raise
         except Exception as exc:
             return Outcome(error=ErrorInfo.from_exception(exc), exception=exc)
         return Outcome(output=output, next_step=next_step)

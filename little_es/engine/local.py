@@ -230,8 +230,10 @@ async def run_workflow(
     Raises :class:`~little_es.engine.executor.RunFailedError` when a step fails
     with its retries exhausted (the failure is recorded; resume later), a
     :class:`~little_es.errors.RuntimeIntegrityError` when the log does not match
-    the code, and :class:`~little_es.errors.ConcurrentRunError` when another
-    process is driving the run.
+    the code, before or during a step (a refusal: nothing is recorded, and once
+    the cause is fixed a resume continues where the run stopped), and
+    :class:`~little_es.errors.ConcurrentRunError` when another process is
+    driving the run.
     """
     problem = check_run_request(workflow, input)
     if problem is not None:

@@ -60,6 +60,7 @@ from pydantic import BaseModel, ConfigDict
 from little_es.domain import HarnessSession
 from little_es.errors import (
     ConversationDivergedError,
+    RuntimeIntegrityError,
     SessionInputError,
     ToolError,
     TurnLimitExceededError,
@@ -429,6 +430,11 @@ class _SessionLoop:
                     f" {', '.join(sorted(self.tools)) or 'none'}"
                 )
             result = await tool.invoke(dict(started.args), self._tool_context(started.call_id))
+        except RuntimeIntegrityError:
+            # A refusal (a sub-run whose log disagrees with its code): not the
+            # tool's failure to show the model, nothing is recorded for the call.
+            self._running -= 1
+            raise
         except Exception as exc:
             self.session.trigger(
                 ToolCallFailed, call_id=started.call_id, error=ErrorInfo.from_exception(exc)

@@ -1,0 +1,217 @@
+"""Integrity errors are refusals: nothing is appended, no retry is spent, the session survives.
+
+An agent step is stopped mid-session (a ``BaseException`` from a tool stands in
+for the process dying: nothing records it), then resumed with a log or code
+that disagrees: a named :class:`~little_es.errors.RuntimeIntegrityError` is
+raised and the run's log (its ``Run`` stream and its sessions) has exactly the
+rows it had. Resumed again once the cause is gone, the same session continues
+and only the call in flight runs; every committed model and tool call is
+answered from the log (the model's and the ledger's counts say so).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from little_es.domain import HarnessSession
+from little_es.engine.local import run_workflow
+from little_es.errors import (
+    ConversationDivergedError,
+    RunFailedError,
+    RuntimeIntegrityError,
+)
+from little_es.events import ModelResponded, RunFailed, StepFailed
+from little_es.harness.model import ScriptedModel, ScriptedReply
+from little_es.harness.tools import Tool, ToolContext, tool
+from little_es.ids import session_stream_id
+from little_es.replay import replay_run
+from little_es.values import ToolCall, Usage
+from little_es.workflow.authoring import Workflow, agent, subworkflow, task
+from little_es.workflow.context import StepContext
+from little_es.world import World
+
+RUN = "run_refusal"
+
+
+class _Crash(BaseException):
+    """Stands in for the process dying: not an Exception, so nothing records it."""
+
+
+SCRIPT = [
+    ScriptedReply(
+        content="looking things up",
+        tool_calls=(
+            ToolCall(id="c1", name="lookup", arguments={"key": "alpha"}),
+            ToolCall(id="c2", name="lookup", arguments={"key": "beta"}),
+        ),
+        usage=Usage(input_tokens=100, output_tokens=10),
+    ),
+    ScriptedReply(
+        tool_calls=(ToolCall(id="c3", name="add", arguments={"a": 1, "b": 2}),),
+        usage=Usage(input_tokens=150, output_tokens=8),
+    ),
+    ScriptedReply(content="the answer is 3", usage=Usage(input_tokens=170, output_tokens=5)),
+]
+
+# What the callable prompt renders; a test changes it to stand for changed code.
+_PROMPT = {"text": "what is 1 + 2?"}
+
+
+def _prompt(ctx: StepContext) -> str:
+    return f"{_PROMPT['text']} ({ctx.outputs['prep']['n']})"
+
+
+def _prep(ctx: StepContext) -> dict[str, int]:
+    return {"n": 1}
+
+
+def _tools(ledger: list[str], crash_on: frozenset[str] = frozenset()) -> list[Tool]:
+    async def lookup(key: str, ctx: ToolContext) -> str:
+        """Look a key up."""
+        ledger.append(ctx.call_id)
+        if ctx.call_id in crash_on:
+            raise _Crash
+        return f"value of {key}"
+
+    async def add(a: int, b: int, ctx: ToolContext) -> int:
+        """Add two integers."""
+        ledger.append(ctx.call_id)
+        if ctx.call_id in crash_on:
+            raise _Crash
+        return a + b
+
+    return [tool(lookup), tool(add)]
+
+
+def _workflow(
+    model: ScriptedModel,
+    tools: list[Tool],
+    prompt: Any = _prompt,
+) -> Workflow:
+    return Workflow(
+        "refusals",
+        version="1",
+        steps=[
+            task("prep", _prep),
+            agent(
+                "agent",
+                model=model,
+                tools=tools,
+                prompt=prompt,
+                system="You are terse.",
+                max_turns=5,
+            ),
+        ],
+    )
+
+
+def _model() -> ScriptedModel:
+    return ScriptedModel(SCRIPT, provider="acme", model_id="acme-1")
+
+
+def _rows(world: World) -> tuple[int, int]:
+    """Rows of the run's log, and of its one session's stream."""
+    return (
+        len(world.read_run_log(RUN)),
+        len(world.read_stream(session_stream_id(RUN, "agent", 1))),
+    )
+
+
+async def _stopped_mid_session(world: World, prompt: Any = _prompt) -> list[str]:
+    """Run until tool call c3 (turn 2) is in flight, and 'die' there; the ledger so far."""
+    ledger: list[str] = []
+    with pytest.raises(_Crash):
+        await run_workflow(
+            world,
+            _workflow(_model(), _tools(ledger, frozenset({"c3"})), prompt),
+            {},
+            run_id=RUN,
+        )
+    assert ledger == ["c1", "c2", "c3"]
+    return ledger
+
+
+def _assert_never_failed(world: World) -> None:
+    log = world.read_run_log(RUN)
+    assert not [e for e in log if isinstance(e, StepFailed | RunFailed)]
+    state = replay_run(world, RUN).state
+    assert state.status == "running"
+    assert state.steps["agent"].status == "running" and state.steps["agent"].attempts == 1
+    assert state.steps["agent"].session_ids == (session_stream_id(RUN, "agent", 1),)
+
+
+async def _resumes_with_only_the_call_in_flight(world: World) -> None:
+    ledger: list[str] = []
+    model = _model()
+    result = await run_workflow(world, _workflow(model, _tools(ledger)), run_id=RUN)
+    assert result.output == "the answer is 3"
+    # c3 was in flight at the stop; turn 3 was never called. Nothing else ran again.
+    assert ledger == ["c3"]
+    assert model.calls == 1
+    state = replay_run(world, RUN).state
+    assert state.steps["agent"].attempts == 1
+    assert state.steps["agent"].session_ids == (session_stream_id(RUN, "agent", 1),)
+
+
+async def test_a_tampered_recorded_response_is_refused_mid_session_and_recorded_nowhere(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _stopped_mid_session(world)
+    before = _rows(world)
+    session_id = session_stream_id(RUN, "agent", 1)
+    forged = HarnessSession.from_events(
+        session_id,
+        [
+            e.model_copy(update={"response": e.response.model_copy(update={"content": "forged"})})
+            if isinstance(e, ModelResponded) and e.turn == 1
+            else e
+            for e in world.read_stream(session_id)
+        ],
+    )
+    # The session as a tampered log reads back; the run stream is intact.
+    real_load = world.load_session
+    monkeypatch.setattr(
+        world, "load_session", lambda sid: forged if sid == session_id else real_load(sid)
+    )
+    for _ in range(2):  # refused every time: no retry is spent, no new session started
+        ledger: list[str] = []
+        model = _model()
+        with pytest.raises(ConversationDivergedError, match=r"turn 2"):
+            await run_workflow(world, _workflow(model, _tools(ledger)), run_id=RUN)
+        assert ledger == [] and model.calls == 0
+        assert _rows(world) == before
+    monkeypatch.undo()  # the log repaired from a backup
+    _assert_never_failed(world)
+    await _resumes_with_only_the_call_in_flight(world)
+
+
+async def test_a_refusal_inside_a_sub_run_is_no_failure_of_the_parent_step(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+
+    def child_step(ctx: StepContext) -> str:
+        calls.append(ctx.run_id)
+        raise ConversationDivergedError("stands for a refusal found inside the child's step")
+
+    child = Workflow("refusals_child", version="1", steps=[task("c", child_step)])
+    parent = Workflow("refusals_parent", version="1", steps=[subworkflow("sub", child)])
+    with pytest.raises(RuntimeIntegrityError):
+        await run_workflow(world, parent, {}, run_id=RUN)
+    log = world.read_run_log(RUN)
+    assert not [e for e in log if isinstance(e, StepFailed | RunFailed)]
+    assert replay_run(world, RUN).state.steps["sub"].status == "running"
+    assert calls and not [e for e in world.read_run_log(calls[0]) if isinstance(e, StepFailed)]
+
+
+async def test_a_genuine_step_failure_is_still_recorded(world: World) -> None:
+    def boom(ctx: StepContext) -> None:
+        raise ValueError("the user's code raised")
+
+    wf = Workflow("refusals_boom", version="1", steps=[task("boom", boom)])
+    with pytest.raises(RunFailedError):
+        await run_workflow(world, wf, {}, run_id=RUN)
+    log = world.read_run_log(RUN)
+    assert [type(e) for e in log if isinstance(e, StepFailed | RunFailed)][-1] is RunFailed
