@@ -487,3 +487,19 @@ def test_sum_usage_keeps_unpriced_apart_from_zero() -> None:
     both = sum_usage([unpriced, priced])
     assert (both.cost_usd, both.unpriced_calls, both.calls, both.input_tokens) == (0.5, 1, 2, 12)
     assert sum_usage([]).cost_usd == 0.0
+
+
+async def test_the_run_result_state_is_replays_for_an_orchestrator_and_its_sub_runs(
+    world: World, prices: None
+) -> None:
+    model, _ = _orchestrator_model(_calls([{"n": 1}, {"n": 2}]))
+    workflow = _orchestrator(start_workflow_tool([_priced_work()]), model)
+    result = await run_workflow(world, workflow, {}, run_id=RUN_ID)
+    assert result.state == replay_run(world, RUN_ID).state
+    assert result.state.usage.input_tokens == 3000 and result.state.usage.cost_usd
+    for sub_run_id in result.state.sub_run_ids:
+        sub = await run_workflow(world, _priced_work(), run_id=sub_run_id)
+        assert sub.state == replay_run(world, sub_run_id).state
+        assert sub.state.usage.input_tokens == 300
+    again = await run_workflow(world, workflow, run_id=RUN_ID)
+    assert again.state == result.state

@@ -147,6 +147,7 @@ async def _resumes_with_only_the_call_in_flight(world: World) -> None:
     model = _model()
     result = await run_workflow(world, _workflow(model, _tools(ledger)), run_id=RUN)
     assert result.output == "the answer is 3"
+    assert result.state == replay_run(world, RUN).state
     # c3 was in flight at the stop; turn 3 was never called. Nothing else ran again.
     assert ledger == ["c3"]
     assert model.calls == 1

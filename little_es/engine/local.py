@@ -47,7 +47,7 @@ from little_es.errors import LittleEsError, RunFailedError, VisitLimitError
 from little_es.events import Event
 from little_es.ids import new_run_id, validate_run_id
 from little_es.logging import get_logger
-from little_es.materialize import MaterializedRunState, RunFold
+from little_es.materialize import COUNTED_ONLY, MaterializedRunState, RunFold
 from little_es.values import ErrorInfo
 from little_es.workflow.authoring import (
     BranchStep,
@@ -56,7 +56,7 @@ from little_es.workflow.authoring import (
     SubworkflowStep,
     Workflow,
 )
-from little_es.world import World
+from little_es.world import World, gc_paused
 
 __all__ = ["RunResult", "current_run_recorder", "run_workflow"]
 
@@ -67,7 +67,11 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, repr=False)
 class RunResult:
-    """What :func:`run_workflow` returns: the run's output and its materialized state."""
+    """What :func:`run_workflow` returns: the run's output and its materialized state.
+
+    ``state`` equals ``replay_run(world, run_id).state`` (usage, cost, event
+    count and all): the runtime's view of a run and replay's are the same.
+    """
 
     run_id: str
     output: Any
@@ -278,7 +282,25 @@ def _result(world: World, fold: RunFold, *, resumed: bool, executed: int) -> Run
     return RunResult(
         run_id=fold.run_id,
         output=read_output(world, fold.output, fold.output_ref),
-        state=fold.freeze(),
+        state=_run_state(world, fold),
         resumed=resumed,
         steps_executed=executed,
     )
+
+
+def _run_state(world: World, fold: RunFold) -> MaterializedRunState:
+    """The run's state as :func:`~little_es.replay.replay_run` folds it from the log.
+
+    The scheduler's fold holds the ``Run`` stream only: the harness sessions
+    are written by their own aggregates, and folding each of their events into
+    it as it is recorded would cost every model and tool call. A run without
+    sessions is that fold already; a run with some is folded once, at its end,
+    from its whole log, the way replay reads it (the same reducer, the same
+    skipped classes), so its usage, cost and event count are replay's.
+    """
+    if not fold.session_steps:
+        return fold.freeze()
+    assert fold.run_id is not None
+    with gc_paused():
+        # As in replay: the decoded events are freed before the collector resumes.
+        return world.read_run_log_skipping(fold.run_id, COUNTED_ONLY).materialize()
