@@ -32,6 +32,7 @@ from little_es.events import (
     ToolCallStarted,
     ToolCallSucceeded,
 )
+from little_es.harness import session as session_module
 from little_es.harness.manifest import assert_session_manifest_consistent, compute_manifest
 from little_es.harness.model import ScriptedModel, ScriptedReply
 from little_es.harness.session import SessionOutcome, conversation_hash, run_agent_session
@@ -189,8 +190,9 @@ async def test_records_every_call_in_order_with_message_deltas(world: World) -> 
     first = events[0]
     assert isinstance(first, SessionStarted)
     manifest, manifest_hash = compute_manifest(
-        model, _tools([]), "You are terse.", {"temperature": 0}, 5
+        model, _tools([]), "You are terse.", {"temperature": 0}, 5, "what is 1 + 2?"
     )
+    assert first.manifest["prompt_sha256"] == hashlib.sha256(b"what is 1 + 2?").hexdigest()
     assert (first.run_id, first.step_path, first.attempt) == (RUN, STEP, 1)
     assert (first.manifest, first.manifest_hash) == (manifest, manifest_hash)
 
@@ -505,10 +507,53 @@ async def test_a_changed_prompt_is_refused_on_resume(world: World) -> None:
     with pytest.raises(_Crash):
         await _run(world, _model(), _tools([], crash_on=frozenset({"c3"})))
     before = len(_events(world))
-    with pytest.raises(ConversationDivergedError, match=r"turn 1") as info:
-        await _run(world, _model(), _tools([]), prompt="what is 2 + 2?")
+    model = _model()
+    with pytest.raises(CapabilityDriftError, match=r"prompt changed") as info:
+        await _run(world, model, _tools([]), prompt="what is 2 + 2?")
     assert RUN in str(info.value) and STEP in str(info.value)
+    assert len(_events(world)) == before and model.calls == 0
+
+
+async def test_a_session_recorded_without_the_prompt_resumes_and_its_chain_guards_it(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session started before the prompt was in the manifest (the old code is
+    simulated by leaving the prompt out): the missing key means "not recorded"."""
+    with monkeypatch.context() as old_code:
+        old_code.setattr(
+            session_module,
+            "compute_manifest",
+            lambda *args: compute_manifest(*args[:5]),  # the manifest as it was: no prompt
+        )
+        with pytest.raises(_Crash):
+            await _run(world, _model(), _tools([], crash_on=frozenset({"c3"})))
+    first = _events(world)[0]
+    assert isinstance(first, SessionStarted) and "prompt_sha256" not in first.manifest
+    before = len(_events(world))
+    # A changed prompt is still refused before any call, by the conversation chain.
+    with pytest.raises(ConversationDivergedError, match=r"turn 1"):
+        await _run(world, _model(), _tools([]), prompt="what is 2 + 2?")
     assert len(_events(world)) == before
+    ledger: list[tuple[str, str, dict[str, Any]]] = []
+    model = _model()
+    outcome = await _run(world, model, _tools(ledger))
+    assert outcome.output == "the answer is 3"
+    assert [c for c, _, _ in ledger] == ["c3"] and model.calls == 1
+
+
+async def test_an_edited_manifest_body_is_refused_though_its_hash_is_unchanged(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _run(world, _model(), _tools([]))
+    session_id = session_stream_id(RUN, STEP, 1)
+    events = world.read_stream(session_id)
+    started = events[0]
+    assert isinstance(started, SessionStarted)
+    edited = started.model_copy(update={"manifest": {**started.manifest, "max_turns": 50}})
+    forged = HarnessSession.from_events(session_id, [edited, *events[1:]])
+    monkeypatch.setattr(world, "load_session", lambda _id: forged)
+    with pytest.raises(CapabilityDriftError, match=r"the log was altered"):
+        await _run(world, _model(), _tools([]))
 
 
 async def test_a_tampered_result_is_detected_at_the_next_turn(
@@ -584,6 +629,7 @@ DRIFTS: list[tuple[str, Callable[[], dict[str, Any]], str]] = [
         "parameter 'seed' added",
     ),
     ("max_turns", lambda: {"max_turns": 9}, "max_turns changed from 5 to 9"),
+    ("prompt", lambda: {"prompt": "what is 2 + 2?"}, "prompt changed"),
 ]
 
 
@@ -660,6 +706,9 @@ def test_manifest_contents_and_hash() -> None:
     assert manifest["system_prompt_sha256"] == hashlib.sha256(b"sys").hexdigest()
     canonical = orjson.dumps(manifest, option=orjson.OPT_SORT_KEYS)
     assert manifest_hash == hashlib.sha256(canonical).hexdigest()
+    assert "prompt_sha256" not in manifest  # no prompt given: not pinned
+    with_prompt, _ = compute_manifest(_model(), tools, "sys", {"t": 1}, 3, "go")
+    assert with_prompt == {**manifest, "prompt_sha256": hashlib.sha256(b"go").hexdigest()}
     assert compute_manifest(_model(), list(reversed(tools)), "sys", {"t": 1}, 3)[1] == manifest_hash
 
 

@@ -18,11 +18,14 @@ import pytest
 from little_es.domain import HarnessSession
 from little_es.engine.local import run_workflow
 from little_es.errors import (
+    CapabilityDriftError,
     ConversationDivergedError,
     RunFailedError,
     RuntimeIntegrityError,
 )
-from little_es.events import ModelResponded, RunFailed, StepFailed
+from little_es.events import ModelResponded, RunFailed, SessionStarted, StepFailed
+from little_es.harness import session as session_module
+from little_es.harness.manifest import PROMPT_KEY, compute_manifest
 from little_es.harness.model import ScriptedModel, ScriptedReply
 from little_es.harness.tools import Tool, ToolContext, tool
 from little_es.ids import session_stream_id
@@ -186,6 +189,81 @@ async def test_a_tampered_recorded_response_is_refused_mid_session_and_recorded_
     monkeypatch.undo()  # the log repaired from a backup
     _assert_never_failed(world)
     await _resumes_with_only_the_call_in_flight(world)
+
+
+async def test_a_changed_callable_prompt_is_refused_inside_the_step_and_recorded_nowhere(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _stopped_mid_session(world)
+    before = _rows(world)
+    monkeypatch.setitem(_PROMPT, "text", "what is 2 + 2?")
+    ledger: list[str] = []
+    model = _model()
+    with pytest.raises(CapabilityDriftError, match=r"prompt changed"):
+        await run_workflow(world, _workflow(model, _tools(ledger)), run_id=RUN)
+    assert ledger == [] and model.calls == 0
+    assert _rows(world) == before
+    monkeypatch.undo()  # the code restored
+    _assert_never_failed(world)
+    await _resumes_with_only_the_call_in_flight(world)
+
+
+async def test_a_changed_static_prompt_is_refused_before_the_run_resumes(world: World) -> None:
+    await _stopped_mid_session(world, prompt="what is 1 + 2?")
+    before = _rows(world)
+    ledger: list[str] = []
+    model = _model()
+    with pytest.raises(CapabilityDriftError, match=r"prompt changed"):
+        await run_workflow(
+            world, _workflow(model, _tools(ledger), prompt="what is 2 + 2?"), run_id=RUN
+        )
+    assert ledger == [] and model.calls == 0
+    assert _rows(world) == before
+    _assert_never_failed(world)
+    model = _model()
+    result = await run_workflow(
+        world, _workflow(model, _tools(ledger), prompt="what is 1 + 2?"), run_id=RUN
+    )
+    assert result.output == "the answer is 3"
+    assert ledger == ["c3"] and model.calls == 1
+
+
+async def test_a_changed_static_prompt_is_refused_on_a_completed_run(world: World) -> None:
+    ledger: list[str] = []
+    await run_workflow(
+        world, _workflow(_model(), _tools(ledger), prompt="what is 1 + 2?"), {}, run_id=RUN
+    )
+    before = len(world.read_run_log(RUN))
+    with pytest.raises(CapabilityDriftError, match=r"prompt changed"):
+        await run_workflow(
+            world, _workflow(_model(), _tools(ledger), prompt="what is 2 + 2?"), run_id=RUN
+        )
+    assert len(world.read_run_log(RUN)) == before
+
+
+async def test_a_run_whose_session_was_recorded_without_the_prompt_still_resumes(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A log written before the prompt was in the manifest: the missing key is "not
+    recorded", so the restart check and the session's check both let it resume."""
+    with monkeypatch.context() as old_code:
+        old_code.setattr(
+            session_module, "compute_manifest", lambda *args: compute_manifest(*args[:5])
+        )
+        await _stopped_mid_session(world, prompt="what is 1 + 2?")
+    started = world.read_stream(session_stream_id(RUN, "agent", 1))[0]
+    assert isinstance(started, SessionStarted) and PROMPT_KEY not in started.manifest
+    ledger: list[str] = []
+    model = _model()
+    result = await run_workflow(
+        world, _workflow(model, _tools(ledger), prompt="what is 1 + 2?"), run_id=RUN
+    )
+    assert result.output == "the answer is 3"
+    assert ledger == ["c3"] and model.calls == 1
+    again = await run_workflow(
+        world, _workflow(_model(), _tools(ledger), prompt="what is 1 + 2?"), run_id=RUN
+    )
+    assert again.output == "the answer is 3" and again.steps_executed == 0
 
 
 async def test_a_refusal_inside_a_sub_run_is_no_failure_of_the_parent_step(

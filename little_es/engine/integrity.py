@@ -64,8 +64,12 @@ def assert_harness_manifest_consistent(
 
     For each agent step attempt with a committed ``harness.session.started``
     (completed or not), recompute the manifest from the workflow's current
-    agent step and compare; raise :class:`~little_es.errors.CapabilityDriftError`
-    naming what changed.
+    agent step and compare it with the recorded body (and the body with its
+    recorded hash); raise :class:`~little_es.errors.CapabilityDriftError`
+    naming what changed. A string prompt is compared here; a prompt function
+    needs the step's context to render, so its text is compared by the
+    session's own check when the step resumes (a completed step never renders
+    it again).
     """
     for path, step in fold.steps.items():
         if step.kind != "agent" or not step.session_ids:
@@ -73,17 +77,18 @@ def assert_harness_manifest_consistent(
         agent = workflow.step_or_none(step.step_id)
         if not isinstance(agent, AgentStep):
             continue  # a removed or re-kinded step: the IR hash check refuses it
-        manifest, manifest_hash = compute_manifest(
+        manifest, _ = compute_manifest(
             agent.model,
             tuple(agent.tools.values()),
             agent.system,
             agent.parameters,
             agent.max_turns,
+            agent.prompt if isinstance(agent.prompt, str) else None,
         )
         for session_id in step.session_ids:
             started = read_session_started(world, session_id)
             if started is not None and started.run_id == run_id and started.step_path == path:
-                check_manifest(started, manifest, manifest_hash)
+                check_manifest(started, manifest)
 
 
 def assert_run_input_unchanged(run_id: str, fold: RunFold, input: Mapping[str, Any] | None) -> None:

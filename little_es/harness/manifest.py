@@ -2,17 +2,28 @@
 
 A session's manifest records the model (provider and model id), the sha256 of
 the system prompt, each tool's name and schema hash, the parameters and
-``max_turns``. It is the data of :class:`~little_es.workflow.ir.AgentSpecIR`
-(the one description of an agent step), with the tools sorted by name so that
-reordering them is not drift. ``manifest_hash`` is the sha256 of its canonical
-JSON (orjson, sorted keys).
+``max_turns``: the data of :class:`~little_es.workflow.ir.AgentSpecIR` (the one
+description of an agent step), with the tools sorted by name so that
+reordering them is not drift. It also records ``prompt_sha256``, the sha256 of
+the prompt the session was given (for a prompt function, the text it
+rendered). ``manifest_hash`` is the sha256 of its canonical JSON (orjson,
+sorted keys).
 
 On resume the manifest is computed again from the code and compared with the
-one recorded in ``harness.session.started``: any difference means the
-recorded calls were made by a different agent, so continuing would not be a
+*body* recorded in ``harness.session.started``, after the body is checked
+against its recorded hash: any difference means the recorded calls were made
+by a different agent (or the log was edited), so continuing would not be a
 faithful continuation, and :class:`~little_es.errors.CapabilityDriftError`
 says exactly what changed. The restart check over a whole run is
 :func:`little_es.engine.integrity.assert_harness_manifest_consistent`.
+
+Sessions started before the prompt was pinned have no ``prompt_sha256``: a
+missing key means "not recorded", and the prompt is then not compared from the
+manifest (the conversation's hash chain still refuses a changed prompt, as
+:class:`~little_es.errors.ConversationDivergedError`, before any call). The
+same holds the other way round: a check that cannot render a prompt function
+(the restart check, which has no step context) leaves the key out, and the
+session's own check compares it when the step resumes.
 """
 
 from __future__ import annotations
@@ -34,11 +45,15 @@ from little_es.workflow.ir import AgentSpecIR, AgentToolIR, canonical_json
 from little_es.world import World
 
 __all__ = [
+    "PROMPT_KEY",
     "assert_session_manifest_consistent",
     "check_manifest",
     "compute_manifest",
     "read_session_started",
 ]
+
+PROMPT_KEY = "prompt_sha256"
+"""The manifest key of the prompt's sha256; absent means "not recorded" (see the module)."""
 
 
 def compute_manifest(
@@ -47,8 +62,12 @@ def compute_manifest(
     system: str | None,
     parameters: Mapping[str, Any] | None,
     max_turns: int,
+    prompt: str | None = None,
 ) -> tuple[dict[str, JSONValue], str]:
     """The manifest of a session with these inputs, and its hash.
+
+    ``prompt`` is the text the session is given (a prompt function's rendered
+    text); None leaves :data:`PROMPT_KEY` out, for a caller that cannot render it.
 
     Raises :class:`SessionInputError` when an input cannot be pinned (a model
     without a provider or model id, a non-string system prompt, parameters
@@ -68,6 +87,8 @@ def compute_manifest(
         )
     if system is not None and not isinstance(system, str):
         raise SessionInputError(f"system must be a string or None, got {type(system).__name__}")
+    if prompt is not None and not isinstance(prompt, str):
+        raise SessionInputError(f"prompt must be a string or None, got {type(prompt).__name__}")
     if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
         raise SessionInputError(f"max_turns must be an integer >= 1, got {max_turns!r}")
     if parameters is not None and not isinstance(parameters, Mapping):
@@ -92,29 +113,59 @@ def compute_manifest(
         problems = "; ".join(err["msg"] for err in exc.errors(include_url=False))
         raise SessionInputError(f"the session's inputs cannot be pinned: {problems}") from exc
     manifest: dict[str, JSONValue] = spec.model_dump(mode="json")
+    if prompt is not None:
+        # Not in AgentSpecIR: the IR (and its hash) describes the code, and a prompt
+        # function's text is only known when the step runs.
+        manifest[PROMPT_KEY] = _sha256(prompt.encode("utf-8"))
     return manifest, _sha256(canonical_json(manifest))
 
 
 def check_manifest(
-    started: SessionStarted, manifest: Mapping[str, JSONValue], manifest_hash: str
+    started: SessionStarted, manifest: Mapping[str, JSONValue], manifest_hash: str | None = None
 ) -> None:
     """Raise :class:`~little_es.errors.CapabilityDriftError` unless ``manifest`` was recorded.
 
-    The error names the run, the step path, the attempt and every change
-    (``tool 'search' added``, ``model_id changed from 'a' to 'b'``, ...).
+    The recorded body must hash to the recorded ``manifest_hash`` (else the log
+    was altered), and must equal ``manifest``, the one computed from the code
+    now; :data:`PROMPT_KEY` is compared only when both hold it (see the
+    module). ``manifest_hash`` is not needed: the bodies are compared, and it
+    is accepted for callers that have it. The error names the run, the step
+    path, the attempt and every change (``tool 'search' added``,
+    ``model_id changed from 'a' to 'b'``, ``prompt changed``, ...).
     """
-    if manifest_hash == started.manifest_hash:
+    recorded = started.manifest
+    where = f"run {started.run_id!r} step {started.step_path!r} (attempt {started.attempt})"
+    recorded_hash = _sha256(canonical_json(dict(recorded)))
+    if recorded_hash != started.manifest_hash:
+        raise CapabilityDriftError(
+            f"{where}: the manifest recorded in harness.session.started hashes to"
+            f" {recorded_hash}, not to its recorded manifest_hash {started.manifest_hash}:"
+            " the log was altered since the session started; restore it from a backup"
+        )
+    old, new = _comparable(recorded, manifest)
+    if old == new:
         return
-    changes = _manifest_changes(started.manifest, manifest)
-    if not changes:
-        # Same fields, different hash: the recorded manifest or its hash was altered.
-        changes = [f"manifest hash changed from {started.manifest_hash} to {manifest_hash}"]
+    changes = _manifest_changes(old, new) or [
+        f"manifest changed from {dict(old)!r} to {dict(new)!r}"
+    ]
     raise CapabilityDriftError(
-        f"run {started.run_id!r} step {started.step_path!r} (attempt {started.attempt}): the"
-        f" agent changed since its harness session started: {'; '.join(changes)}. The recorded"
-        " model and tool calls were made by the old agent, so resuming would not be a faithful"
-        " continuation: restore the original model, system prompt, tools, parameters and"
-        " max_turns to resume this run, or start a new run"
+        f"{where}: the agent changed since its harness session started: {'; '.join(changes)}."
+        " The recorded model and tool calls were made by the old agent, so resuming would not"
+        " be a faithful continuation: restore the original model, system prompt, prompt,"
+        " tools, parameters and max_turns to resume this run, or start a new run"
+    )
+
+
+def _comparable(
+    recorded: Mapping[str, JSONValue], manifest: Mapping[str, JSONValue]
+) -> tuple[Mapping[str, JSONValue], Mapping[str, JSONValue]]:
+    # The prompt is compared when both sides pinned it: an old session did not
+    # record it, and a restart check cannot render a prompt function.
+    if (PROMPT_KEY in recorded) == (PROMPT_KEY in manifest):
+        return recorded, manifest
+    return (
+        {k: v for k, v in recorded.items() if k != PROMPT_KEY},
+        {k: v for k, v in manifest.items() if k != PROMPT_KEY},
     )
 
 
@@ -129,18 +180,20 @@ def assert_session_manifest_consistent(
     system: str | None = None,
     parameters: Mapping[str, Any] | None = None,
     max_turns: int = 20,
+    prompt: str | None = None,
 ) -> None:
     """Before resuming an agent step: check its recorded session against the current agent.
 
     Does nothing when the attempt never started a session. Otherwise raises
     :class:`~little_es.errors.CapabilityDriftError` naming what changed. Reads
-    only the session's first event, however long the session is.
+    only the session's first event, however long the session is. ``prompt``
+    None leaves the prompt unchecked (see :func:`compute_manifest`).
     """
     started = read_session_started(world, session_stream_id(run_id, step_path, attempt))
     if started is None:
         return
-    manifest, manifest_hash = compute_manifest(model, tools, system, parameters, max_turns)
-    check_manifest(started, manifest, manifest_hash)
+    manifest, _ = compute_manifest(model, tools, system, parameters, max_turns, prompt)
+    check_manifest(started, manifest)
 
 
 def read_session_started(world: World, session_id: UUID) -> SessionStarted | None:
@@ -178,9 +231,19 @@ def _manifest_changes(old: Mapping[str, JSONValue], new: Mapping[str, JSONValue]
             changes.append("system prompt removed")
         else:
             changes.append("system prompt changed")
+    if old.get(PROMPT_KEY) != new.get(PROMPT_KEY):
+        changes.append("prompt changed")
     changes += _tool_changes(old.get("tools"), new.get("tools"))
     changes += _parameter_changes(old.get("parameters"), new.get("parameters"))
-    known = {"provider", "model_id", "max_turns", "system_prompt_sha256", "tools", "parameters"}
+    known = {
+        "provider",
+        "model_id",
+        "max_turns",
+        "system_prompt_sha256",
+        PROMPT_KEY,
+        "tools",
+        "parameters",
+    }
     for key in sorted((set(old) | set(new)) - known):
         if old.get(key) != new.get(key):
             changes.append(f"{key} changed from {old.get(key)!r} to {new.get(key)!r}")

@@ -156,7 +156,8 @@ async def run_agent_session(
     the final assistant content and the whole conversation. Raises
     :class:`SessionInputError` or :class:`~little_es.errors.InvalidRunIdError`
     for unusable arguments, :class:`~little_es.errors.CapabilityDriftError`
-    when the agent changed since the session started,
+    when the agent or its prompt changed since the session started (before any
+    call is made),
     :class:`ConversationDivergedError` when the rebuilt conversation disagrees
     with the log, :class:`TurnLimitExceededError` after ``max_turns`` model
     calls without a final answer, and lets the model's
@@ -174,7 +175,7 @@ async def run_agent_session(
         raise SessionInputError(
             f"model must have an async complete(request) method, got {type(model).__name__}"
         )
-    manifest, manifest_hash = compute_manifest(model, tools, system, parameters, max_turns)
+    manifest, manifest_hash = compute_manifest(model, tools, system, parameters, max_turns, prompt)
     session_id = session_stream_id(run_id, step_path, attempt)
     session = world.load_session(session_id)
     if session is None:
@@ -195,7 +196,8 @@ async def run_agent_session(
             " little_es wrote"
         )
     else:
-        check_manifest(session.started, manifest, manifest_hash)
+        # Before any call: a changed prompt (or agent) is drift, not a diverged turn.
+        check_manifest(session.started, manifest)
     initial = [Message(role="user", content=prompt)]
     if system is not None:
         initial.insert(0, Message(role="system", content=system))
