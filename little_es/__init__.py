@@ -22,6 +22,7 @@ from little_es.errors import (
     InvalidStepPathError,
     LittleEsError,
     LoggingConfigError,
+    LogTamperedError,
     ModelConfigError,
     ModelError,
     OrchestratorContextError,
@@ -47,6 +48,7 @@ from little_es.errors import (
     WorkflowDefinitionError,
     WorkflowRefError,
     WorldConfigError,
+    WorldIntegrityError,
 )
 from little_es.events import (
     Event,
@@ -108,6 +110,7 @@ from little_es.values import (
     Usage,
     UsageTotals,
 )
+from little_es.verify import VerifyReport, verify_world
 from little_es.workflow.authoring import (
     Workflow,
     agent,
@@ -142,6 +145,7 @@ __all__ = [
     "InvalidRunIdError",
     "InvalidStepPathError",
     "LittleEsError",
+    "LogTamperedError",
     "LoggingConfigError",
     "MaterializedRunState",
     "Message",
@@ -206,6 +210,7 @@ __all__ = [
     "UnknownStepError",
     "Usage",
     "UsageTotals",
+    "VerifyReport",
     "VisitLimitError",
     "Workflow",
     "WorkflowChangedError",
@@ -213,6 +218,7 @@ __all__ = [
     "WorkflowRefError",
     "World",
     "WorldConfigError",
+    "WorldIntegrityError",
     "agent",
     "apply",
     "configure_logging",
@@ -241,4 +247,5 @@ __all__ = [
     "tool",
     "unregister_model_price",
     "validate_run_id",
+    "verify_world",
 ]

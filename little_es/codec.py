@@ -19,6 +19,7 @@ from eventsourcing.domain import DomainEventProtocol
 from eventsourcing.persistence import Mapper, StoredEvent, Transcoder
 from pydantic import ValidationError
 
+from little_es.chain import unframe
 from little_es.errors import EventPayloadError, UnknownEventTypeError
 from little_es.events import Event, event_class_for
 
@@ -42,8 +43,22 @@ class PydanticMapper(Mapper[UUID]):
     """Maps little_es events (frozen pydantic models) to and from eventsourcing's StoredEvent."""
 
     def to_stored_event(self, domain_event: DomainEventProtocol[UUID]) -> StoredEvent:
-        """Serialise an event; its topic is its wire name."""
+        """Serialise an event; its topic is its wire name.
+
+        The state is the bare payload, without the chain frame that
+        :meth:`little_es.world.World.save` puts around it.
+        """
         event = cast(Event, domain_event)
+        topic, data = self.encode_payload(event)
+        return StoredEvent(
+            originator_id=event.originator_id,
+            originator_version=event.originator_version,
+            topic=topic,
+            state=data,
+        )
+
+    def encode_payload(self, event: Event) -> tuple[str, bytes]:
+        """An event's topic (its wire name) and payload bytes."""
         wire_name = type(event).wire_name
         if not wire_name:
             raise TypeError(
@@ -58,12 +73,7 @@ class PydanticMapper(Mapper[UUID]):
             data = self.compressor.compress(data)
         if self.cipher:
             data = self.cipher.encrypt(data)
-        return StoredEvent(
-            originator_id=event.originator_id,
-            originator_version=event.originator_version,
-            topic=wire_name,
-            state=data,
-        )
+        return wire_name, data
 
     def to_domain_event(self, stored_event: StoredEvent) -> DomainEventProtocol[UUID]:
         """Deserialise, upcast and validate a stored event."""
@@ -71,12 +81,22 @@ class PydanticMapper(Mapper[UUID]):
 
     def decode(self, stored: StoredEvent) -> Event:
         """Like :meth:`to_domain_event`, typed for little_es callers."""
-        return self.decode_row(
-            stored.originator_id, stored.originator_version, stored.topic, stored.state
-        )
+        sid = stored.originator_id
+        stream_id = sid if isinstance(sid, UUID) else UUID(sid)
+        return self.decode_row(stream_id, stored.originator_version, stored.topic, stored.state)
 
-    def decode_row(self, stream_id: UUID | str, version: int, topic: str, data: bytes) -> Event:
+    def decode_row(self, stream_id: UUID, version: int, topic: str, data: bytes) -> Event:
         """Deserialise, upcast and validate one stored row of stream ``stream_id``.
+
+        The row's own digest is checked (:func:`~little_es.chain.unframe`); its
+        link to the rest of its stream is not: a reader of whole streams uses
+        :func:`~little_es.chain.verify_rows` and :meth:`decode_payload`.
+        """
+        payload = unframe(stream_id, version, topic, data)
+        return self.decode_payload(stream_id, version, topic, payload)
+
+    def decode_payload(self, stream_id: UUID, version: int, topic: str, data: bytes) -> Event:
+        """Deserialise, upcast and validate the payload of one row (its frame removed).
 
         The read path's hot loop: it takes the row's columns as they come from
         the database, so a stream's rows share one ``stream_id`` object instead

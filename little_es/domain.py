@@ -20,6 +20,7 @@ from uuid import UUID
 
 from pydantic import ValidationError
 
+from little_es.chain import GENESIS
 from little_es.errors import EventPayloadError
 from little_es.events import (
     Event,
@@ -36,9 +37,11 @@ from little_es.events import (
     ToolCallFailed,
     ToolCallStarted,
     ToolCallSucceeded,
+    WorldCreated,
+    WorldEvent,
     utc_now,
 )
-from little_es.ids import outer_loop_stream_id, run_stream_id, session_stream_id
+from little_es.ids import outer_loop_stream_id, run_stream_id, session_stream_id, world_stream_id
 from little_es.materialize import MaterializedRunState, RunFold, apply
 from little_es.values import Pricer, is_usage_cost_error, usage_cost_message
 
@@ -60,6 +63,8 @@ class Aggregate:
         self.created_on: datetime | None = None
         self.modified_on: datetime | None = None
         self._pending: list[Event] = []
+        self.chain_digest = GENESIS
+        """The digest of the last stored event (:mod:`little_es.chain`): the next links to it."""
 
     def trigger(self, event_class: type[E], **fields: Any) -> E:
         """Create the next event of this stream, apply it, and queue it for saving."""
@@ -335,3 +340,30 @@ class OuterLoop(Aggregate):
             self.apply(OuterLoopCycleStarted.model_validate(c))
         for r in state["results"]:
             self.apply(OuterLoopCycleCompleted.model_validate(r))
+
+
+class WorldRecord(Aggregate):
+    """The world's own stream: its identity and log format (:class:`WorldCreated`)."""
+
+    type_name = "World"
+    event_base = WorldEvent
+
+    def __init__(self) -> None:
+        super().__init__(world_stream_id())
+        self._init_state()
+
+    def _init_state(self) -> None:
+        self.created: WorldCreated | None = None
+
+    def apply(self, event: Event) -> None:
+        """Keep the identity."""
+        if isinstance(event, WorldCreated):
+            self.created = event
+
+    def snapshot_state(self) -> dict[str, Any]:
+        """Never snapshotted: the stream is a few events long."""
+        raise NotImplementedError("the world stream is not snapshotted")
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Never snapshotted."""
+        raise NotImplementedError("the world stream is not snapshotted")

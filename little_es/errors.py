@@ -41,7 +41,9 @@ handle a family::
     │   ├── ParallelReplayMismatchError
     │   ├── CapabilityDriftError
     │   ├── RunInputMismatchError
-    │   └── ConversationDivergedError
+    │   ├── ConversationDivergedError
+    │   ├── LogTamperedError                 a stream's hash chain is broken
+    │   └── WorldIntegrityError              the database is not this world's
     ├── ModelError                           a model provider call failed
     └── ToolError
         └── ToolArgumentsError (ValueError)
@@ -282,6 +284,23 @@ class ConversationDivergedError(RuntimeIntegrityError):
     """
 
     retryable = False
+
+
+class LogTamperedError(RuntimeIntegrityError, EventLogError):
+    """A stream's hash chain is broken: a row was edited, deleted, inserted or cut off.
+
+    The message names the stream, the version and what differs
+    (:mod:`little_es.chain`). Nothing was appended or executed; restore the
+    world from a backup (``little verify`` says which streams hold).
+    """
+
+
+class WorldIntegrityError(RuntimeIntegrityError):
+    """The database is not the one this world was: emptied, replaced, truncated or corrupt.
+
+    Raised instead of treating the world as new (which would run every step
+    again) or surfacing a raw driver error.
+    """
 
 
 # ------------------------------------------------------ models and tools

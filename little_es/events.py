@@ -31,7 +31,7 @@ A user extends the run's domain model by subclassing :class:`RunEvent`::
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -303,6 +303,30 @@ class SessionCompleted(HarnessEvent):
 
 
 # ---------------------------------------------------------------------- OuterLoop
+
+
+class WorldEvent(Event):
+    """Base class of events on the world's own stream."""
+
+
+LOG_FORMAT_UNCHAINED: Final = 1
+"""A world created before the hash chain: its older rows carry no frame."""
+LOG_FORMAT_CHAINED: Final = 2
+"""A world whose every row carries a chain frame (:mod:`little_es.chain`)."""
+
+
+class WorldCreated(WorldEvent):
+    """The world's identity, the first event it records.
+
+    ``world_id`` is also kept outside the database where the backend can (the
+    SQLite data directory's ``world.json``), so a database emptied or replaced
+    under it is refused rather than taken for a new world.
+    """
+
+    wire_name: ClassVar[str] = "little_es.world.created"
+
+    world_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+    log_format: Literal[1, 2]
 
 
 class OuterLoopEvent(Event):

@@ -64,6 +64,11 @@ def session_stream_id(run_id: str, step_path: str, attempt: int) -> uuid.UUID:
     return uuid.uuid5(_NAMESPACE, f"session:{validate_run_id(run_id)}:{step_path}:{attempt}")
 
 
+def world_stream_id() -> uuid.UUID:
+    """The UUID of the world's own stream (:class:`~little_es.events.WorldCreated`)."""
+    return uuid.uuid5(_NAMESPACE, "world")
+
+
 def outer_loop_stream_id(outer_loop_id: str) -> uuid.UUID:
     """The UUID of the ``OuterLoop`` aggregate for ``outer_loop_id`` (validated like a run id)."""
     return uuid.uuid5(_NAMESPACE, "outer_loop:" + validate_run_id(outer_loop_id))

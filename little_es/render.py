@@ -12,6 +12,8 @@ an example: each takes the data (or the world and a run id) and a
   (``little replay``);
 * :func:`render_events` - a run's event log by wire name (``little events``);
 * :func:`render_runs` - the runs of a world (``little runs``);
+* :func:`render_verify` - what :func:`~little_es.verify.verify_world` found
+  (``little verify``);
 * :class:`StepBoard` - the live table of steps ``little run`` shows.
 
 Statuses are coloured from one table, :data:`STATUS_STYLES`; costs are shown by
@@ -38,6 +40,7 @@ from little_es.materialize import MaterializedRunState
 from little_es.orchestrator import RunTree, SubRunSummary, list_sub_runs, run_tree, sum_usage
 from little_es.replay import ReplayResult, read_run_state
 from little_es.values import UsageTotals
+from little_es.verify import VerifyReport
 from little_es.world import World
 
 __all__ = [
@@ -339,6 +342,47 @@ def render_runs(runs: Sequence[RunSummary], world_name: str, console: Console) -
     for run in runs:
         table.add_row(*_run_row(run))
     console.print(table)
+
+
+def render_verify(report: VerifyReport, console: Console) -> None:
+    """Print each stream and artifact checked, what does not hold, and a last line that sums up."""
+    table = Table(title=f"verify {escape(report.world)}", box=box.SIMPLE_HEAD)
+    table.add_column("", no_wrap=True)
+    table.add_column("kind", no_wrap=True)
+    table.add_column("name", overflow="fold")
+    table.add_column("rows", justify="right", no_wrap=True)
+    table.add_column("problem", overflow="fold")
+    for stream in report.streams:
+        table.add_row(
+            _held(stream.problem),
+            stream.kind,
+            escape(stream.name),
+            str(stream.events),
+            escape(stream.problem or ""),
+        )
+    for artifact in report.artifacts:
+        table.add_row(
+            _held(artifact.problem),
+            "artifact",
+            escape(f"{artifact.artifact_id[:19]}… of {artifact.run_id}/{artifact.step_path}"),
+            f"{artifact.size} B",
+            escape(artifact.problem or ""),
+        )
+    console.print(table)
+    streams, artifacts = len(report.streams), len(report.artifacts)
+    checked = f"{_count(streams, 'stream')}, {_count(artifacts, 'artifact')}"
+    if report.ok:
+        console.print(f"[green]ok[/]: {checked}, every chain and artifact holds")
+    else:
+        console.print(f"[red]BROKEN[/]: {report.problems} of {checked} do not hold")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _held(problem: str | None) -> str:
+    return "[green]ok[/]" if problem is None else "[red]BROKEN[/]"
 
 
 class StepBoard:

@@ -28,28 +28,47 @@ from contextlib import AbstractContextManager, contextmanager
 from operator import attrgetter
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ClassVar, NamedTuple, TypeVar
+from typing import Any, ClassVar, Literal, NamedTuple, TypeVar
 from urllib.parse import parse_qs, unquote, urlsplit
-from uuid import UUID
+from uuid import UUID, uuid4
 
-from eventsourcing.application import AggregateNotFoundError, Application
+from eventsourcing.application import Application
 from eventsourcing.persistence import IntegrityError, StoredEvent
 from eventsourcing.utils import get_topic
 
-from little_es.backends.base import Backend
+from little_es.backends.base import Backend, Row
 from little_es.backends.memory import MemoryBackend
 from little_es.backends.sqlite import SQLiteBackend, Synchronous
+from little_es.chain import (
+    GENESIS,
+    check_head,
+    frame,
+    is_framed,
+    row_digest,
+    unframe,
+    verify_rows,
+)
 from little_es.codec import OrjsonTranscoder, PydanticMapper
-from little_es.domain import Aggregate, HarnessSession, OuterLoop, Run
+from little_es.domain import Aggregate, HarnessSession, OuterLoop, Run, WorldRecord
 from little_es.errors import (
     ConcurrencyConflictError,
     EventLogError,
+    LogTamperedError,
     RunNotFoundError,
     WorldConfigError,
+    WorldIntegrityError,
 )
-from little_es.events import Event, RunEvent, Snapshot, StepStarted
+from little_es.events import (
+    LOG_FORMAT_CHAINED,
+    LOG_FORMAT_UNCHAINED,
+    Event,
+    RunEvent,
+    Snapshot,
+    StepStarted,
+    WorldCreated,
+)
 from little_es.faults import after_append
-from little_es.ids import outer_loop_stream_id, run_stream_id, validate_run_id
+from little_es.ids import outer_loop_stream_id, run_stream_id, validate_run_id, world_stream_id
 from little_es.materialize import MaterializedRunState, materialize_run_state
 from little_es.pricing import price_usage
 from little_es.values import Pricer
@@ -176,6 +195,10 @@ def merge_by_timestamp(streams: list[list[Event]]) -> list[Event]:
     return list(heapq.merge(*streams, key=_timestamp))
 
 
+class _RecordedElsewhereError(Exception):
+    """A new world's first save lost the race to record the world (see :meth:`World.save`)."""
+
+
 class World:
     """Runs' event logs and artifacts in one place. Use as a context manager to close it.
 
@@ -190,7 +213,12 @@ class World:
         self.app = app
         self.pricer = pricer
         """Prices the model calls of every run this world folds (loads, replays, projects)."""
-        self._projectors = {**app.snapshotting_projectors, Run: _run_projector(lambda: self.pricer)}
+        self._blanks: dict[type[Aggregate], Callable[[UUID], Any]] = {
+            Run: lambda sid: Run.from_stream(sid, (), self.pricer),
+            HarnessSession: lambda sid: HarnessSession.from_events(sid, ()),
+            OuterLoop: lambda sid: OuterLoop.from_events(sid, ()),
+            WorldRecord: lambda sid: WorldRecord.from_events(sid, ()),
+        }
         self.artifacts = backend.artifacts
         self.leases = backend.leases
         self.name = backend.name
@@ -198,6 +226,57 @@ class World:
         assert isinstance(mapper, PydanticMapper)
         self._mapper = mapper
         self._select = backend.select_rows
+        # The world's own stream is always chained; its record says whether others may not be.
+        self._legacy = False
+        self._unrecorded = False
+        self._legacy = self._open_record()
+
+    def _open_record(self) -> bool:
+        """Check the world is the one its backend remembers; return whether unframed rows may stand.
+
+        Rows without a chain frame may stand in a world created before the
+        chain. Raises :class:`WorldIntegrityError` when the database has lost
+        the history the backend remembers outside it. A new world is recorded
+        with its first save (:meth:`save`): opening one writes nothing.
+        """
+        record = self._load(WorldRecord, world_stream_id())
+        outside = self.backend.marker()
+        if record is not None and record.created is not None:
+            world_id = record.created.world_id
+            if outside is None:
+                self.backend.write_marker(world_id)
+            elif outside != world_id:
+                raise WorldIntegrityError(
+                    f"world {self.name}: its database is world {world_id}, but it was opened"
+                    f" where world {outside} lives: the database was replaced by another"
+                    " world's; put the right one back (nothing was read or written)"
+                )
+            return record.created.log_format == LOG_FORMAT_UNCHAINED
+        if outside is not None:
+            raise WorldIntegrityError(
+                f"world {self.name}: this is world {outside}, but its database holds no record"
+                " of it: the database was emptied, deleted or replaced; restore it from a"
+                " backup (nothing was read or written; to start a new world, use a new data"
+                " directory)"
+            )
+        if not self.app.recorder.max_notification_id():
+            self._unrecorded = True
+            return False
+        # A world created before worlds recorded themselves: record it now, as such.
+        self.save(self._new_record(LOG_FORMAT_UNCHAINED))
+        return True
+
+    def _new_record(self, log_format: Literal[1, 2]) -> WorldRecord:
+        record = WorldRecord()
+        record.trigger(WorldCreated, world_id=uuid4().hex, log_format=log_format)
+        return record
+
+    @property
+    def world_id(self) -> str:
+        """This world's id (recorded in its own stream when it was first opened)."""
+        record = self._load(WorldRecord, world_stream_id())
+        assert record is not None and record.created is not None
+        return record.created.world_id
 
     def __repr__(self) -> str:
         return f"World({self.name})"
@@ -222,26 +301,62 @@ class World:
     def save(self, *aggregates: Aggregate) -> None:
         """Append every aggregate's pending events in one transaction.
 
+        Each row is framed with the stream's hash chain (:mod:`little_es.chain`).
         The commit is fsynced unless it holds only write-ahead records
         (:attr:`~little_es.events.Event.write_ahead`). Raises
         :class:`ConcurrencyConflictError` (and appends nothing) when another
         writer got to one of these streams first.
         """
+        if self._unrecorded and not any(isinstance(a, WorldRecord) for a in aggregates):
+            # A new world's first save records the world in the same transaction.
+            aggregates = (self._new_record(LOG_FORMAT_CHAINED), *aggregates)
         batches = [(a, a.collect_events()) for a in aggregates]
-        pending = [e for _, events in batches for e in events]
-        if not pending:
+        stored: list[StoredEvent] = []
+        digests: list[bytes] = []
+        encode = self._mapper.encode_payload
+        for aggregate, events in batches:
+            prev = aggregate.chain_digest
+            for event in events:
+                topic, payload = encode(event)
+                data = frame(prev, aggregate.id, event.originator_version, topic, payload)
+                prev = row_digest(data)
+                stored.append(StoredEvent(aggregate.id, event.originator_version, topic, data))
+            digests.append(prev)
+        if not stored:
             return
+        pending = [e for _, events in batches for e in events]
         durable = not all(type(e).write_ahead for e in pending)
-        stored = [self._mapper.to_stored_event(e) for e in pending]
+        try:
+            self._insert(stored, durable, aggregates)
+        except _RecordedElsewhereError:
+            # Another world object or process recorded this new world first.
+            self._unrecorded = False
+            self._legacy = self._open_record()
+            record_id = world_stream_id()
+            batches = [(a, e) for a, e in batches if a.id != record_id]
+            digests = digests[len(digests) - len(batches) :]
+            stored = [s for s in stored if s.originator_id != record_id]
+            self._insert(stored, durable, tuple(a for a, _ in batches))
+        for (aggregate, _), digest in zip(batches, digests, strict=True):
+            aggregate.chain_digest = digest
+            if isinstance(aggregate, WorldRecord) and aggregate.created is not None:
+                self._unrecorded = False
+                self.backend.write_marker(aggregate.created.world_id)
+        self._take_snapshots(batches)
+        after_append(pending)
+
+    def _insert(
+        self, stored: list[StoredEvent], durable: bool, aggregates: Sequence[Aggregate]
+    ) -> None:
         try:
             self.app.recorder.insert_events(stored, durable=durable)
         except IntegrityError as exc:
+            if self._unrecorded and self._load(WorldRecord, world_stream_id()) is not None:
+                raise _RecordedElsewhereError from exc
             ids = ", ".join(f"{type(a).__name__} {a.id}" for a in aggregates)
             raise ConcurrencyConflictError(
                 f"another writer appended to {ids} first; nothing was written: reload and retry"
             ) from exc
-        self._take_snapshots(batches)
-        after_append(pending)
 
     def _take_snapshots(self, batches: list[tuple[Aggregate, list[Event]]]) -> None:
         """Snapshot each aggregate whose save reached ``interval * 2**k`` events (see
@@ -256,8 +371,14 @@ class World:
                 self._snapshot(aggregate)
 
     def _snapshot(self, aggregate: Aggregate) -> None:
+        """Store a snapshot framed like a row whose ``prev`` is the digest of the event it
+        stands for, so a load can tell it belongs to the stream it is read with."""
         assert self.app.snapshots is not None
-        self.app.snapshots.put([aggregate.take_snapshot()])
+        snapshot = aggregate.take_snapshot()
+        topic, payload = self._mapper.encode_payload(snapshot)
+        version = snapshot.originator_version
+        data = frame(aggregate.chain_digest, aggregate.id, version, topic, payload)
+        self.app.snapshots.recorder.insert_events([StoredEvent(aggregate.id, version, topic, data)])
 
     def record_run_event(self, run_id: str, event_class: type[E], **fields: Any) -> E:
         """Append one event of your own (a :class:`RunEvent` subclass) to a run's stream."""
@@ -269,10 +390,25 @@ class World:
     # ------------------------------------------------------------------ reading
 
     def read_stream(self, stream_id: UUID, *, after: int | None = None) -> list[Event]:
-        """Every event of one stream (after version ``after``), in order, validated."""
+        """Every event of one stream (after version ``after``), in order, its chain verified."""
         with gc_paused():
-            events, _ = self._read_stream(stream_id, after, frozenset())
-            return events
+            events, _ = self._read_stream(stream_id, None, frozenset())
+            return events[after:] if after else events
+
+    def _verified_rows(self, stream_id: UUID) -> tuple[list[Row], bytes]:
+        """A whole stream's rows (frames removed) and its last digest, chain and head verified."""
+        checked = verify_rows(
+            stream_id, self._select(stream_id, None), after=0, prev=GENESIS, legacy=self._legacy
+        )
+        rows = checked.rows
+        check_head(
+            stream_id,
+            rows[-1][0] if rows else 0,
+            checked.digest if rows else None,
+            checked.chained,
+            self.backend.stream_head(stream_id),
+        )
+        return rows, checked.digest or GENESIS
 
     def _read_stream(
         self, stream_id: UUID, after: int | None, skip: frozenset[type[Event]]
@@ -280,10 +416,11 @@ class World:
         """The stream's events, leaving those of a class in ``skip`` undecoded (never the last).
 
         Returns the decoded events and how many were skipped. An unknown topic
-        is never skipped, so it is refused all the same.
+        is never skipped, so it is refused all the same. ``after`` is unused
+        (a stream is verified from its first row) and kept for callers.
         """
-        rows = self._select(stream_id, after)
-        decode = self._mapper.decode_row
+        rows, _ = self._verified_rows(stream_id)
+        decode = self._mapper.decode_payload
         if not skip or not rows:
             return [decode(stream_id, v, topic, state) for v, topic, state in rows], 0
         # By topic: an unknown topic is never in the set, so it is decoded (and refused).
@@ -361,13 +498,69 @@ class World:
         return self._load(OuterLoop, outer_loop_stream_id(outer_loop_id))
 
     def _load(self, cls: type[A], stream_id: UUID) -> A | None:
-        try:
-            with gc_paused():
-                found = self.app.repository.get(stream_id, projector_func=self._projectors[cls])
-        except AggregateNotFoundError:
+        """The aggregate folded from its latest snapshot (if any) and later events, verified.
+
+        A snapshot stands for the event at its version: its frame's ``prev`` must
+        be that event's digest. The rows after it are verified from there and
+        the stream's head checked, as a whole read would.
+        """
+        with gc_paused():
+            aggregate: A = self._blanks[cls](stream_id)
+            snapshot = self._latest_snapshot(stream_id)
+            if snapshot is None:
+                rows, digest = self._verified_rows(stream_id)
+                if not rows:
+                    return None
+            else:
+                event, at = snapshot
+                rows, digest = self._rows_after_snapshot(stream_id, event.originator_version, at)
+                aggregate.mutate(event)
+            decode = self._mapper.decode_payload
+            for version, topic, payload in rows:
+                aggregate.mutate(decode(stream_id, version, topic, payload))
+            aggregate.chain_digest = digest
+            return aggregate
+
+    def _latest_snapshot(self, stream_id: UUID) -> tuple[Snapshot, bytes] | None:
+        """The latest framed snapshot and the digest it stands on; None without one.
+
+        A snapshot stored before the chain has no frame: it is passed over (a
+        snapshot is a cache of the fold, the events are the record).
+        """
+        if self.app.snapshots is None:
             return None
-        assert isinstance(found, cls)
-        return found
+        found = self.app.snapshots.recorder.select_events(stream_id, desc=True, limit=1)
+        if not found or not is_framed(found[0].state):
+            return None
+        row = found[0]
+        event = self._mapper.decode_row(stream_id, row.originator_version, row.topic, row.state)
+        assert isinstance(event, Snapshot)
+        return event, bytes(row.state[1:33])
+
+    def _rows_after_snapshot(
+        self, stream_id: UUID, version: int, at: bytes
+    ) -> tuple[list[Row], bytes]:
+        """The rows after a snapshot at ``version`` whose frame says event ``version`` has
+        digest ``at``: that event's own digest checked and matched, the rest chained to it."""
+        rows = self._select(stream_id, version - 1)
+        if not rows or rows[0][0] != version:
+            raise LogTamperedError(
+                f"stream {stream_id}: a snapshot stands for version {version}, which is not in"
+                " the log; rows were deleted: restore the world from a backup"
+            )
+        first_version, first_topic, first_data = rows[0]
+        unframe(stream_id, first_version, first_topic, first_data)
+        if not is_framed(first_data) or row_digest(first_data) != at:
+            raise LogTamperedError(
+                f"stream {stream_id}: the snapshot at version {version} does not stand on the"
+                " stored event of that version (their digests differ); a row or the snapshot"
+                " was replaced: restore the world from a backup"
+            )
+        checked = verify_rows(stream_id, rows[1:], after=version, prev=at, legacy=False)
+        last = checked.rows[-1][0] if checked.rows else version
+        digest = checked.digest or at
+        check_head(stream_id, last, digest, True, self.backend.stream_head(stream_id))
+        return checked.rows, digest
 
     def run_lease(self, run_id: str) -> AbstractContextManager[None]:
         """Hold the exclusive lease on ``run_id`` (:class:`~little_es.backends.base.RunLeases`)."""

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import sqlite3
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 from uuid import UUID
 
 import orjson
 import pytest
-from eventsourcing.persistence import StoredEvent
 from pydantic import ValidationError
 
+from little_es.chain import unframe
 from little_es.domain import HarnessSession, Run
 from little_es.errors import EventPayloadError, UnknownEventTypeError
 from little_es.events import (
@@ -29,11 +28,12 @@ from little_es.events import (
 )
 from little_es.ids import run_stream_id, session_stream_id
 from little_es.pricing import price_usage
+from little_es.testing.logs import append_raw_row
 from little_es.values import Message, ModelResponse, Usage
 from little_es.world import World
 
 if TYPE_CHECKING:
-    from conftest import WorldSpec
+    pass
 
 _TS = "2024-05-01T12:00:00.000001Z"
 
@@ -94,19 +94,9 @@ def _started_run(world: World, run_id: str) -> Run:
     return run
 
 
-def _insert_raw(spec: WorldSpec, stream: UUID, version: int, topic: str, state: bytes) -> None:
-    """Write a row straight into the SQLite file, as another (buggy or older) writer would."""
-    assert spec.data_dir is not None
-    conn = sqlite3.connect(spec.data_dir / "events.sqlite3")
-    try:
-        with conn:
-            conn.execute(
-                "INSERT INTO stored_events (originator_id, originator_version, topic, state)"
-                " VALUES (?, ?, ?, ?)",
-                (stream.hex, version, topic, state),
-            )
-    finally:
-        conn.close()
+def _insert_raw(world: World, stream: UUID, version: int, topic: str, state: bytes) -> None:
+    """Append a row as another (buggy or older) writer would: framed, with this payload."""
+    assert append_raw_row(world, stream, topic, state) == version
 
 
 def _raw(payload: dict[str, Any]) -> bytes:
@@ -153,7 +143,9 @@ def test_stored_topic_is_the_wire_name_and_state_omits_the_stream_columns(world:
         "harness.session.completed",
     ]
     for row in rows:
-        state = orjson.loads(row.state)
+        state = orjson.loads(
+            unframe(row.originator_id, row.originator_version, row.topic, row.state)
+        )
         assert "originator_id" not in state and "originator_version" not in state
         assert "class_version" not in state  # written only for class_version > 1
         assert state["timestamp"].endswith("Z")
@@ -163,9 +155,7 @@ def test_stored_topic_is_the_wire_name_and_state_omits_the_stream_columns(world:
 def test_a_read_event_is_placed_by_its_row_not_by_its_payload(world: World) -> None:
     run = _started_run(world, "run_placed")
     stray = {"originator_id": str(UUID(int=7)), "originator_version": 99}
-    world.app.recorder.insert_events(
-        [StoredEvent(run.id, 2, "RunCompleted", _raw({"output": 1, **stray}))]
-    )
+    _insert_raw(world, run.id, 2, "RunCompleted", _raw({"output": 1, **stray}))
     completed = world.read_stream(run.id)[-1]
     assert (completed.originator_id, completed.originator_version) == (run.id, 2)
 
@@ -197,9 +187,7 @@ def test_event_without_wire_name_cannot_be_saved(world: World) -> None:
 
 def test_unknown_topic_names_topic_and_stream_and_run(world: World) -> None:
     run = _started_run(world, "run_unknown")
-    world.app.recorder.insert_events(
-        [StoredEvent(run.id, 2, "acme.Vanished", _raw({"gone": True}))]
-    )
+    _insert_raw(world, run.id, 2, "acme.Vanished", _raw({"gone": True}))
     with pytest.raises(UnknownEventTypeError, match=r"acme\.Vanished") as info:
         world.read_stream(run.id)
     assert str(run.id) in str(info.value) and "version 2" in str(info.value)
@@ -227,7 +215,7 @@ def test_unknown_topic_in_a_session_stream_names_the_run(world: World) -> None:
         session_id=session_id,
     )
     world.save(run)
-    world.app.recorder.insert_events([StoredEvent(session_id, 1, "harness.teleported", _raw({}))])
+    _insert_raw(world, session_id, 1, "harness.teleported", _raw({}))
     with pytest.raises(UnknownEventTypeError, match=r"run 'run_unknown_session'.*teleported"):
         world.read_run_log("run_unknown_session")
 
@@ -290,10 +278,10 @@ def test_unknown_topic_in_a_session_stream_names_the_run(world: World) -> None:
     ids=["bad-json", "not-object", "wrong-type", "bad-literal", "missing", "extra", "bad-time"],
 )
 def test_malformed_stored_payload_names_event_and_field(
-    world: World, world_spec: WorldSpec, topic: str, state: bytes, expected: str
+    world: World, topic: str, state: bytes, expected: str
 ) -> None:
     run = _started_run(world, "run_malformed")
-    _insert_raw(world_spec, run.id, 2, topic, state)
+    _insert_raw(world, run.id, 2, topic, state)
 
     with pytest.raises(EventPayloadError, match=expected) as info:
         world.read_stream(run.id)
@@ -306,11 +294,11 @@ def test_malformed_stored_payload_names_event_and_field(
 
 
 @pytest.mark.backends("sqlite")
-def test_nested_malformed_field_is_named_by_its_path(world: World, world_spec: WorldSpec) -> None:
+def test_nested_malformed_field_is_named_by_its_path(world: World) -> None:
     session_id = session_stream_id("run_nested", "a", 1)
     bad_message = {"role": "robot", "content": "beep"}
     _insert_raw(
-        world_spec,
+        world,
         session_id,
         1,
         "harness.model.called",
@@ -321,11 +309,11 @@ def test_nested_malformed_field_is_named_by_its_path(world: World, world_spec: W
 
 
 @pytest.mark.backends("sqlite")
-def test_stored_usage_with_a_cost_is_refused_on_read(world: World, world_spec: WorldSpec) -> None:
+def test_stored_usage_with_a_cost_is_refused_on_read(world: World) -> None:
     session_id = session_stream_id("run_costly", "a", 1)
     response = {"provider": "openai", "model": "gpt-4o", "usage": {"cost_usd": 0.5}}
     _insert_raw(
-        world_spec,
+        world,
         session_id,
         1,
         "harness.model.responded",
@@ -365,21 +353,21 @@ def test_usage_carrying_a_cost_is_refused_at_record_time(world: World, key: str)
 
 
 @pytest.mark.backends("sqlite")
-def test_old_stored_version_is_upcast_on_read(world: World, world_spec: WorldSpec) -> None:
+def test_old_stored_version_is_upcast_on_read(world: World) -> None:
     run = _started_run(world, "run_upcast")
     _insert_raw(
-        world_spec, run.id, 2, TicketTriaged.wire_name, _raw({"team": "ops", "severity": "high"})
+        world, run.id, 2, TicketTriaged.wire_name, _raw({"team": "ops", "severity": "high"})
     )
     _insert_raw(
-        world_spec,
+        world,
         run.id,
         3,
         TicketTriaged.wire_name,
         _raw({"team": "billing", "severity": "low", "class_version": 1}),
     )
-    _insert_raw(world_spec, run.id, 4, TicketClosed.wire_name, _raw({}))
+    _insert_raw(world, run.id, 4, TicketClosed.wire_name, _raw({}))
     _insert_raw(
-        world_spec,
+        world,
         run.id,
         5,
         TicketClosed.wire_name,
@@ -409,7 +397,8 @@ def test_current_version_is_written_with_its_class_version(world: World) -> None
     event = world.record_run_event("run_v2", TicketTriaged, queue="ops", priority=2)
 
     [_, row] = world.select_stored(run_stream_id("run_v2"))
-    assert orjson.loads(row.state)["class_version"] == 2
+    payload = unframe(row.originator_id, row.originator_version, row.topic, row.state)
+    assert orjson.loads(payload)["class_version"] == 2
     [_, read] = world.read_stream(run_stream_id("run_v2"))
     assert read == event
 
@@ -427,15 +416,13 @@ def test_unreadable_class_version_is_refused(
 ) -> None:
     run = _started_run(world, "run_future")
     state = _raw({"queue": "ops", "priority": 1, "class_version": stored_version})
-    world.app.recorder.insert_events([StoredEvent(run.id, 2, TicketTriaged.wire_name, state)])
+    _insert_raw(world, run.id, 2, TicketTriaged.wire_name, state)
     with pytest.raises(EventPayloadError, match=expected):
         world.read_stream(run.id)
 
 
 def test_missing_upcaster_is_reported(world: World) -> None:
     run = _started_run(world, "run_no_upcaster")
-    world.app.recorder.insert_events(
-        [StoredEvent(run.id, 2, TicketMerged.wire_name, _raw({"into": "t1"}))]
-    )
+    _insert_raw(world, run.id, 2, TicketMerged.wire_name, _raw({"into": "t1"}))
     with pytest.raises(EventPayloadError, match=r"no upcast_v1_v2\(\).*add it"):
         world.read_stream(run.id)

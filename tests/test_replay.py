@@ -11,7 +11,6 @@ from uuid import UUID
 
 import orjson
 import pytest
-from eventsourcing.persistence import StoredEvent
 from pydantic import ValidationError
 
 from little_es.domain import HarnessSession
@@ -27,7 +26,13 @@ from little_es.ids import run_stream_id
 from little_es.materialize import materialize_run_state
 from little_es.pricing import price_usage
 from little_es.replay import ReplayPlanStep, ReplayResult, replay_run
-from little_es.testing.logs import RunWriter, priced, unpriced, write_agent_run
+from little_es.testing.logs import (
+    RunWriter,
+    append_raw_row,
+    priced,
+    unpriced,
+    write_agent_run,
+)
 from little_es.values import Usage
 from little_es.world import World
 
@@ -266,10 +271,8 @@ def test_replay_needs_a_world() -> None:
 
 def _append_raw(world: World, run_id: str, topic: str, payload: dict[str, Any]) -> None:
     # What a newer program, or a damaged disk, could have left in the log.
-    stream = run_stream_id(run_id)
-    version = len(world.read_stream(stream)) + 1
     state = {"timestamp": utc_now().isoformat(), **payload}
-    world.app.recorder.insert_events([StoredEvent(stream, version, topic, orjson.dumps(state))])
+    append_raw_row(world, run_stream_id(run_id), topic, orjson.dumps(state))
 
 
 def test_an_unresolvable_topic_names_the_topic_and_the_run(world: World) -> None:
@@ -311,8 +314,8 @@ def test_a_recorded_cost_in_a_usage_payload_is_refused(world: World) -> None:
             "usage": {"input_tokens": 1, "cost_usd": 99.0},
         },
     }
-    world.app.recorder.insert_events(
-        [StoredEvent(session.id, version, "harness.model.responded", orjson.dumps(state))]
+    assert (
+        append_raw_row(world, session.id, "harness.model.responded", orjson.dumps(state)) == version
     )
     with pytest.raises(EventPayloadError, match="cost_usd"):
         replay_run(world, "run_cost")
@@ -376,9 +379,8 @@ def test_replay_equals_the_fold_of_every_event(world: World, shape: str) -> None
 
 
 def _session_row(world: World, session_id: UUID, topic: str, payload: dict[str, Any]) -> None:
-    version = len(world.select_stored(session_id)) + 1
     state = orjson.dumps({"timestamp": utc_now().isoformat(), **payload})
-    world.app.recorder.insert_events([StoredEvent(session_id, version, topic, state)])
+    append_raw_row(world, session_id, topic, state)
 
 
 def test_an_unresolvable_topic_inside_a_session_is_refused(world: World) -> None:

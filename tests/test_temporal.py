@@ -469,10 +469,16 @@ def _swap_in_sqlite(world_dir: Path, topic: str, old: bytes, new: bytes) -> None
         )
 
 
+def _row_count(world: World) -> int:
+    """Every row of the world, read raw (a tampered log cannot be read as events)."""
+    return len(world.app.recorder.select_notifications(start=None, limit=1_000_000))
+
+
 async def test_a_refusal_mid_agent_step_fails_the_workflow_and_records_nothing(
     client: Client, tmp_path: Path, ledger: Path
 ) -> None:
-    """A tampered recorded response: the activity fails non-retryably, nothing is appended;
+    """A tampered recorded response: the hash chain refuses it, the activity fails
+    non-retryably and nothing is appended;
     repaired, the same session continues on Temporal and no committed call runs again."""
     world_dir = tmp_path / "world"
     killed = subprocess.run(
@@ -506,7 +512,7 @@ async def test_a_refusal_mid_agent_step_fails_the_workflow_and_records_nothing(
     )
     queue = _queue()
     with local_world(world_dir) as world:
-        rows = len(world.read_run_log("run_refused"))
+        rows = _row_count(world)
         async with _worker(client, world, queue):
             handle = await start_run(
                 client, proc.AGENT_WORKFLOW, run_id="run_refused", task_queue=queue
@@ -515,11 +521,9 @@ async def test_a_refusal_mid_agent_step_fails_the_workflow_and_records_nothing(
                 await asyncio.wait_for(handle.result(), 60)
             cause = failure.value.cause
             assert isinstance(cause, ActivityError)
-            assert getattr(cause.cause, "type", None) == "ConversationDivergedError"
+            assert getattr(cause.cause, "type", None) == "LogTamperedError"
             assert getattr(cause.cause, "non_retryable", None) is True
-            assert len(world.read_run_log("run_refused")) == rows
-            assert not _log_has(world, "run_refused", "StepFailed")
-            assert not _log_has(world, "run_refused", "RunFailed")
+            assert _row_count(world) == rows
             _swap_in_sqlite(
                 world_dir, "harness.model.responded", b"turn 1: forged!!!!", b"turn 1: looking up"
             )

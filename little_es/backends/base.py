@@ -9,6 +9,10 @@
   (:attr:`~little_es.events.Event.write_ahead`), which need not wait for the
   disk; every other commit is as durable as the backend can make it.
 * :meth:`Backend.select_rows` - one stream's raw rows, for the read path;
+* :meth:`Backend.stream_head` - a stream's last version and digest as written
+  (:mod:`little_es.chain`), kept apart from its rows so a cut-off tail shows;
+* :meth:`Backend.marker` - the world's id as recorded outside its database,
+  where the backend has an outside;
 * ``artifacts`` - an :class:`ArtifactStore`;
 * ``leases`` - :class:`RunLeases`;
 * :meth:`Backend.runs_view` - where the runs read model (:class:`RunsView`) lives;
@@ -35,10 +39,14 @@ from eventsourcing.application import Application
 from eventsourcing.persistence import Tracking, TrackingRecorder
 from pydantic import BaseModel, ConfigDict
 
+from little_es.chain import is_framed, row_digest
 from little_es.errors import ArtifactIntegrityError, ArtifactNotFoundError, ConcurrentRunError
 from little_es.ids import run_stream_id, validate_run_id
 from little_es.materialize import MaterializedRunState, RunStatus
 from little_es.values import ArtifactRef, HydratedArtifact, UsageTotals
+
+HEADS_TABLE = "little_es_heads"
+"""Every chained stream's last version and digest, in the world's own database."""
 
 Row = tuple[int, str, bytes]
 """One stored event as the read path needs it: (version, topic, state)."""
@@ -79,6 +87,47 @@ class Backend(ABC):
         """
         rows = self.app.recorder.select_events(stream_id, gt=after)
         return [(r.originator_version, r.topic, r.state) for r in rows]
+
+    def stream_head(self, stream_id: UUID) -> tuple[int, bytes] | None:
+        """The last version and digest written to ``stream_id``, or None if none was chained.
+
+        A persistent backend keeps these in a table of its own, written in the
+        same transaction as the rows (``HEADS_TABLE``), so rows deleted from
+        the end of a stream are caught. This default takes them from the last
+        row itself, which catches no such deletion: it is for storage nothing
+        outside the process can edit (the memory backend).
+        """
+        rows = self.app.recorder.select_events(stream_id, desc=True, limit=1)
+        if not rows or not is_framed(rows[0].state):
+            return None
+        return rows[0].originator_version, row_digest(rows[0].state)
+
+    def stream_heads(self) -> dict[UUID, tuple[int, bytes]]:
+        """Every stream's head (see :meth:`stream_head`), for ``little verify --all``."""
+        heads: dict[UUID, tuple[int, bytes]] = {}
+        start: int | None = None
+        recorder = self.app.recorder
+        while page := recorder.select_notifications(
+            start=start, limit=1000, inclusive_of_start=start is None
+        ):
+            for n in page:
+                if is_framed(n.state):
+                    sid = n.originator_id
+                    key = sid if isinstance(sid, UUID) else UUID(sid)
+                    heads[key] = (n.originator_version, row_digest(n.state))
+            start = page[-1].id
+        return heads
+
+    def marker(self) -> str | None:
+        """The world id recorded outside the database, or None (none recorded, or no outside)."""
+        return None
+
+    def write_marker(self, world_id: str) -> None:  # noqa: B027 - most backends have no outside
+        """Record the world id outside the database, where the backend has an outside."""
+
+    def holds_artifacts(self) -> bool:
+        """Whether the artifact store holds blobs outside the database (the world has history)."""
+        return False
 
     @abstractmethod
     def runs_view(self) -> RunsView:

@@ -20,7 +20,7 @@ import hashlib
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
 
 import psycopg
@@ -38,6 +38,7 @@ from psycopg.sql import SQL, Identifier
 from psycopg_pool import ConnectionPool
 
 from little_es.backends.base import (
+    HEADS_TABLE,
     RUN_STREAMS_TABLE,
     RUNS_TABLE,
     RUNS_TRACKING_TABLE,
@@ -53,6 +54,7 @@ from little_es.backends.base import (
     load_state,
     oldest_first,
 )
+from little_es.chain import heads_of
 from little_es.materialize import MaterializedRunState
 
 
@@ -129,6 +131,29 @@ class PostgresBackend(Backend):
             rows: list[Row] = cursor.fetchall()
             return rows
 
+    def stream_head(self, stream_id: UUID) -> tuple[int, bytes] | None:
+        """See :meth:`Backend.stream_head`: from the heads table."""
+        recorder = self.app.recorder
+        assert isinstance(recorder, LittlePostgresApplicationRecorder)
+        with (
+            self._datastore.get_connection() as conn,
+            conn.cursor(row_factory=tuple_row) as cursor,
+        ):
+            cursor.execute(recorder.select_head_statement, (stream_id,), prepare=True)
+            row = cursor.fetchone()
+            return None if row is None else (row[0], bytes(row[1]))
+
+    def stream_heads(self) -> dict[UUID, tuple[int, bytes]]:
+        """See :meth:`Backend.stream_heads`: the whole heads table."""
+        recorder = self.app.recorder
+        assert isinstance(recorder, LittlePostgresApplicationRecorder)
+        with (
+            self._datastore.get_connection() as conn,
+            conn.cursor(row_factory=tuple_row) as cursor,
+        ):
+            cursor.execute(recorder.select_heads_statement)
+            return {sid: (version, bytes(d)) for sid, version, d in cursor.fetchall()}
+
     def runs_view(self) -> PostgresRunsView:
         """The read model in the world's schema."""
         view = PostgresRunsView(self._datastore)
@@ -159,7 +184,51 @@ def _setup_lock(conninfo: str, scope: str) -> Iterator[None]:
 
 
 class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
-    """eventsourcing's PostgreSQL recorder; write-ahead-only commits do not wait for a flush."""
+    """eventsourcing's PostgreSQL recorder; keeps stream heads; write-ahead-only commits do not
+    wait for a flush.
+
+    Every insert also moves the heads of its streams (``HEADS_TABLE``) in the
+    same transaction, pipelined with the rows (no extra round trip).
+    """
+
+    def __init__(self, datastore: PostgresDatastore, **kwargs: Any) -> None:
+        super().__init__(datastore, **kwargs)
+        heads = SQL("{schema}.{table}").format(
+            schema=Identifier(datastore.schema), table=Identifier(HEADS_TABLE)
+        )
+        self.sql_create_statements.append(
+            SQL(
+                "CREATE TABLE IF NOT EXISTS {heads} (stream_id uuid PRIMARY KEY,"
+                " version bigint NOT NULL, digest bytea NOT NULL)"
+            ).format(heads=heads)
+        )
+        self.upsert_heads_statement = SQL(
+            "INSERT INTO {heads} (stream_id, version, digest)"
+            " SELECT * FROM unnest(%s::uuid[], %s::bigint[], %s::bytea[])"
+            " ON CONFLICT (stream_id) DO UPDATE"
+            " SET version = EXCLUDED.version, digest = EXCLUDED.digest"
+        ).format(heads=heads)
+        self.select_head_statement = SQL(
+            "SELECT version, digest FROM {heads} WHERE stream_id = %s"
+        ).format(heads=heads)
+        self.select_heads_statement = SQL("SELECT stream_id, version, digest FROM {heads}").format(
+            heads=heads
+        )
+
+    def _insert_stored_events(
+        self, curs: Cursor[DictRow], stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> None:
+        super()._insert_stored_events(curs, stored_events, **kwargs)
+        heads = heads_of(
+            (cast(UUID, s.originator_id), s.originator_version, s.state) for s in stored_events
+        )
+        if heads:
+            # Another cursor: eventsourcing reads the notification ids from this one's result.
+            with curs.connection.cursor() as heads_cursor:
+                heads_cursor.execute(
+                    self.upsert_heads_statement,
+                    (list(heads), [v for v, _ in heads.values()], [d for _, d in heads.values()]),
+                )
 
     def _insert_events(
         self,

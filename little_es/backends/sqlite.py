@@ -3,7 +3,9 @@
 Events go to ``{data_dir}/events.sqlite3`` through eventsourcing's SQLite
 persistence, blobs to ``{data_dir}/artifacts/``, run leases are ``flock``s on
 files in ``{data_dir}/leases/``, and the runs read model is three tables of
-the events' own file.
+the events' own file. ``{data_dir}/world.json`` holds the world's id, so an
+events file emptied, deleted or swapped under a data directory with history
+is refused (:class:`~little_es.errors.WorldIntegrityError`); so is a corrupt one.
 
 The fsync policy: ``synchronous="full"`` (the default) fsyncs the write-ahead
 log at every commit that holds a result: a committed result survives a killed
@@ -26,12 +28,15 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import sqlite3
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 from uuid import UUID
 
+import orjson
 from eventsourcing.persistence import IntegrityError, StoredEvent, Tracking
 from eventsourcing.sqlite import (
     SQLiteAggregateRecorder,
@@ -46,6 +51,7 @@ from eventsourcing.sqlite import (
 from eventsourcing.utils import Environment, EnvType, get_topic
 
 from little_es.backends.base import (
+    HEADS_TABLE,
     RUN_STREAMS_TABLE,
     RUNS_TABLE,
     RUNS_TRACKING_TABLE,
@@ -61,6 +67,8 @@ from little_es.backends.base import (
     load_state,
     oldest_first,
 )
+from little_es.chain import heads_of
+from little_es.errors import WorldIntegrityError
 from little_es.materialize import MaterializedRunState
 
 Synchronous = Literal["full", "normal"]
@@ -73,19 +81,29 @@ class SQLiteBackend(Backend):
     def __init__(
         self, app_class: ApplicationClass, data_dir: Path, *, synchronous: Synchronous = "full"
     ) -> None:
-        app = app_class(
-            env={
-                "PERSISTENCE_MODULE": get_topic(LittleSQLiteFactory),
-                "SQLITE_DBNAME": str(data_dir / "events.sqlite3"),
-                "SQLITE_LOCK_TIMEOUT": "30",
-                SYNCHRONOUS_ENV: synchronous,
-            }
-        )
+        name = f"sqlite:///{data_dir.resolve()}"
+        if (data_dir / MARKER_FILE).exists() and not (data_dir / "events.sqlite3").exists():
+            # Refused before SQLite would create an empty file in its place.
+            raise WorldIntegrityError(
+                f"world {name}: {data_dir / 'events.sqlite3'} is missing from a data directory"
+                f" whose {MARKER_FILE} says it holds a world; restore it from a backup"
+                " (nothing was read or written; to start a new world, use a new data directory)"
+            )
+        with _refusing_corruption(name):
+            app = app_class(
+                env={
+                    "PERSISTENCE_MODULE": get_topic(LittleSQLiteFactory),
+                    "SQLITE_DBNAME": str(data_dir / "events.sqlite3"),
+                    "SQLITE_LOCK_TIMEOUT": "30",
+                    SYNCHRONOUS_ENV: synchronous,
+                }
+            )
+        self._data_dir = data_dir
         super().__init__(
             app=app,
             artifacts=FileArtifactStore(data_dir / "artifacts"),
             leases=FileRunLeases(data_dir / "leases"),
-            name=f"sqlite:///{data_dir.resolve()}",
+            name=name,
         )
         recorder = app.recorder
         assert isinstance(recorder, SQLiteAggregateRecorder)
@@ -100,7 +118,7 @@ class SQLiteBackend(Backend):
     def select_rows(self, stream_id: UUID, after: int | None) -> Sequence[Row]:
         """One stream's rows, read from the recorder's table (see :meth:`Backend.select_rows`)."""
         # The recorder's transaction: its pool, locking and error translation.
-        with self._datastore.transaction(commit=False) as cursor:
+        with _refusing_corruption(self.name), self._datastore.transaction(commit=False) as cursor:
             raw = cursor.sqlite_cursor
             raw.row_factory = None  # plain tuples, not sqlite3.Row
             if after is None:
@@ -109,6 +127,54 @@ class SQLiteBackend(Backend):
                 raw.execute(self._later, (stream_id.hex, after))
             rows: list[Row] = raw.fetchall()
             return rows
+
+    def stream_head(self, stream_id: UUID) -> tuple[int, bytes] | None:
+        """See :meth:`Backend.stream_head`: from the heads table."""
+        with _refusing_corruption(self.name), self._datastore.transaction(commit=False) as cursor:
+            raw = cursor.sqlite_cursor
+            raw.row_factory = None
+            raw.execute(_SELECT_HEAD, (stream_id.hex,))
+            row = raw.fetchone()
+            return None if row is None else (row[0], bytes(row[1]))
+
+    def stream_heads(self) -> dict[UUID, tuple[int, bytes]]:
+        """See :meth:`Backend.stream_heads`: the whole heads table."""
+        with _refusing_corruption(self.name), self._datastore.transaction(commit=False) as cursor:
+            raw = cursor.sqlite_cursor
+            raw.row_factory = None
+            raw.execute(f"SELECT stream_id, version, digest FROM {HEADS_TABLE}")
+            return {UUID(sid): (version, bytes(d)) for sid, version, d in raw.fetchall()}
+
+    def marker(self) -> str | None:
+        """The world id in ``{data_dir}/world.json``, or None when there is none."""
+        path = self._data_dir / MARKER_FILE
+        try:
+            data = orjson.loads(path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (OSError, orjson.JSONDecodeError) as exc:
+            raise WorldIntegrityError(
+                f"world {self.name}: {path} cannot be read ({exc}); it records which database"
+                " belongs to this data directory: restore it from a backup"
+            ) from exc
+        world_id = data.get("world_id") if isinstance(data, dict) else None
+        if not isinstance(world_id, str):
+            raise WorldIntegrityError(
+                f"world {self.name}: {path} names no world_id; restore it from a backup"
+            )
+        return world_id
+
+    def write_marker(self, world_id: str) -> None:
+        """Write ``{data_dir}/world.json`` atomically and durably."""
+        _write_durably(
+            self._data_dir / MARKER_FILE,
+            orjson.dumps({"world_id": world_id, "database": "events.sqlite3"}),
+        )
+
+    def holds_artifacts(self) -> bool:
+        """Whether ``{data_dir}/artifacts/`` holds any blob."""
+        root = self._data_dir / "artifacts"
+        return any(p.is_file() for sub in root.iterdir() if sub.is_dir() for p in sub.iterdir())
 
     def runs_view(self) -> SQLiteRunsView:
         """The read model in the events' own file."""
@@ -132,13 +198,90 @@ class _SQLiteConnectionPool(SQLiteConnectionPool):
         return connection
 
 
+MARKER_FILE = "world.json"
+_SELECT_HEAD = f"SELECT version, digest FROM {HEADS_TABLE} WHERE stream_id=?"
+_UPSERT_HEAD = (
+    f"INSERT INTO {HEADS_TABLE} (stream_id, version, digest) VALUES (?, ?, ?)"
+    " ON CONFLICT (stream_id) DO UPDATE SET version=excluded.version, digest=excluded.digest"
+)
+# SQLite's primary result codes for a damaged file and for a file that is no database.
+_CORRUPTION_CODES = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
+
+
+def _is_corruption(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) is SQLite reporting a damaged file."""
+    while exc is not None:
+        if isinstance(exc, sqlite3.DatabaseError) and (
+            getattr(exc, "sqlite_errorcode", None) in _CORRUPTION_CODES
+            or "malformed" in str(exc)
+            or "not a database" in str(exc)
+        ):
+            return True
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return False
+
+
+@contextmanager
+def _refusing_corruption(name: str) -> Iterator[None]:
+    """Turn SQLite's "database disk image is malformed" into a WorldIntegrityError."""
+    try:
+        yield
+    except Exception as exc:
+        if _is_corruption(exc):
+            raise WorldIntegrityError(
+                f"world {name}: the events file is corrupt ({exc}); nothing was read or"
+                " written: restore events.sqlite3 from a backup"
+            ) from exc
+        raise
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    """Write ``path`` through a fsynced temporary file and a fsynced rename."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        Path(tmp).replace(path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    # The rename is durable only once the directory entry is on disk too.
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
 class LittleSQLiteApplicationRecorder(SQLiteApplicationRecorder):
-    """eventsourcing's SQLite recorder; a write-ahead-only commit is not fsynced.
+    """eventsourcing's SQLite recorder: keeps stream heads, fsyncs only durable commits.
 
     ``insert_events(..., durable=False)`` commits with ``synchronous=NORMAL``
     and then puts the connection back to the world's policy (SQLite refuses
     the pragma inside a transaction; set before it, it applies to its commit).
+    Every insert also moves the heads of its streams (``HEADS_TABLE``), in the
+    same transaction.
     """
+
+    def construct_create_table_statements(self) -> list[str]:
+        """eventsourcing's tables, and the heads table."""
+        return [
+            *super().construct_create_table_statements(),
+            f"CREATE TABLE IF NOT EXISTS {HEADS_TABLE} (stream_id TEXT PRIMARY KEY,"
+            " version INTEGER NOT NULL, digest BLOB NOT NULL) WITHOUT ROWID",
+        ]
+
+    def _insert_events(
+        self, c: SQLiteCursor, stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> Sequence[int] | None:
+        ids = super()._insert_events(c, stored_events, **kwargs)
+        heads = heads_of(
+            (cast(UUID, s.originator_id), s.originator_version, s.state) for s in stored_events
+        )
+        c.executemany(_UPSERT_HEAD, [(sid.hex, version, d) for sid, (version, d) in heads.items()])
+        return ids
 
     def insert_events(
         self, stored_events: Sequence[StoredEvent], *, durable: bool = True, **kwargs: Any
@@ -200,22 +343,7 @@ class FileArtifactStore(ArtifactStore):
         if path.exists():
             return
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            Path(tmp).replace(path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        # The rename is durable only once the directory entry is on disk too.
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        _write_durably(path, data)
 
     def _read_blob(self, sha256: str) -> bytes | None:
         try:

@@ -4,7 +4,9 @@
   sub-runs (or the whole tree of them);
 * ``little replay <run-id> [--json]`` - what :func:`~little_es.replay.replay_run` returns;
 * ``little events <run-id> [--jsonl]`` - the run's event log, in order, by wire name;
-* ``little runs`` - every run, from the runs read model.
+* ``little runs`` - every run, from the runs read model;
+* ``little verify [<run-id> | --all]`` - every stream's hash chain and every
+  artifact of a run or of the world; exit code 1 when anything does not hold.
 
 The tables are printed by :mod:`little_es.render`; the JSON forms are built here.
 """
@@ -27,8 +29,10 @@ from little_es.render import (
     render_runs,
     render_sub_runs,
     render_tree,
+    render_verify,
 )
 from little_es.replay import ReplayResult, replay_run
+from little_es.verify import verify_world
 
 __all__ = [
     "event_json",
@@ -37,6 +41,7 @@ __all__ = [
     "replay_json",
     "report_command",
     "runs_command",
+    "verify_command",
 ]
 
 _ORIGINATOR_FIELDS = {"originator_id", "originator_version", "timestamp"}
@@ -125,3 +130,22 @@ def runs_command(world: WorldOption = None) -> None:
         runs = list_runs(w)
         name = w.name
     render_runs(runs, name, console())
+
+
+def verify_command(
+    run_id: Annotated[
+        str | None, typer.Argument(help="The run to check (with its sessions and sub-runs).")
+    ] = None,
+    world: WorldOption = None,
+    all_streams: Annotated[
+        bool, typer.Option("--all", help="Check every stream and artifact of the world.")
+    ] = False,
+) -> None:
+    """Check the hash chains, heads and artifacts of a run or the world; exit 1 on any break."""
+    if (run_id is None) == (not all_streams):
+        raise typer.BadParameter("give a RUN_ID or --all (not both)")
+    with inspection_world(world) as w:
+        report = verify_world(w, run_id)
+    render_verify(report, console())
+    if not report.ok:
+        raise typer.Exit(1)

@@ -579,16 +579,15 @@ class BackendTestCase(WorldTestCase):
         return [r.originator_version for r in rows]
 
     def _spy_event_reads(self, world: World) -> list[int | None]:
-        """Record the ``gt`` version each aggregate load starts reading events after."""
-        store = world.app.repository.event_store
-        real_get = store.get
+        """Record the version each stream read starts after (None: from the first event)."""
+        real_select = world._select
         starts: list[int | None] = []
 
-        def get(*args: Any, **kwargs: Any) -> Any:
-            starts.append(kwargs.get("gt"))
-            return real_get(*args, **kwargs)
+        def select(stream_id: UUID, after: int | None) -> Any:
+            starts.append(after)
+            return real_select(stream_id, after)
 
-        self.enterContext(mock.patch.object(store, "get", get))
+        self.enterContext(mock.patch.object(world, "_select", select))
         return starts
 
     def test_snapshots_are_written_and_loads_equal_a_full_fold(self) -> None:
@@ -646,7 +645,8 @@ class BackendTestCase(WorldTestCase):
         starts = self._spy_event_reads(world)
         loaded_run = world.load_run("run_snap")
         loaded_session = world.load_session(session.id)
-        self.assertEqual(starts, [run_snaps[-1], session_snaps[-1]])
+        # From the event each snapshot stands for, to check the snapshot stands on it.
+        self.assertEqual(starts, [run_snaps[-1] - 1, session_snaps[-1] - 1])
 
         self.assertEqual(loaded_run.version, len(run_events))
         self.assertEqual(loaded_run.run_id, "run_snap")

@@ -16,6 +16,12 @@ which is also the order of the world's notification log.
     w.agent_step("plan", [priced(), unpriced(tool_calls=2)])
     w.task_step("publish", {"ok": True})
     w.complete({"ok": True})
+
+To test what a reader does with a row no little_es event class would write
+(an unknown topic, a malformed payload, an old ``class_version``),
+:func:`append_raw_row` appends one with a payload of your choosing, framed and
+linked into the stream's hash chain as a writer would: the readers' own
+checks meet it, not the chain's.
 """
 
 from __future__ import annotations
@@ -23,7 +29,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+from uuid import UUID
 
+from eventsourcing.persistence import StoredEvent
+
+from little_es.chain import GENESIS, frame, verify_rows
 from little_es.domain import HarnessSession, Run
 from little_es.events import (
     ModelCalled,
@@ -44,6 +54,22 @@ from little_es.events import (
 )
 from little_es.values import ArtifactRef, ErrorInfo, Message, ModelResponse, ToolCall, Usage
 from little_es.world import World
+
+
+def append_raw_row(world: World, stream_id: UUID, topic: str, payload: bytes) -> int:
+    """Append a row with these topic and payload bytes at the end of ``stream_id``.
+
+    The row is framed and linked to the stream's last row the way
+    :meth:`~little_es.world.World.save` does, so it reads as written by a
+    little_es writer (a newer program, or a buggy one). Returns its version.
+    """
+    rows = world.backend.select_rows(stream_id, None)
+    checked = verify_rows(stream_id, rows, after=0, prev=GENESIS, legacy=True)
+    version = len(rows) + 1
+    data = frame(checked.digest or GENESIS, stream_id, version, topic, payload)
+    world.app.recorder.insert_events([StoredEvent(stream_id, version, topic, data)])
+    return version
+
 
 PRICED = ("openai", "gpt-4o")
 """A model genai-prices knows."""

@@ -1,0 +1,262 @@
+"""``little verify``: walk a world's streams and artifacts and say what holds.
+
+:func:`verify_world` reads every stream of one run (its run stream, harness
+sessions and sub-runs, recursively) or of the whole world (every stream in the
+log, and every head the backend keeps), the way the runtime and replay read
+them: the hash chain and the head of each stream (:mod:`little_es.chain`),
+every payload decoded and validated, every artifact an event references
+re-hashed and checked to belong to the run that references it. Nothing is
+written. Resume and :func:`~little_es.replay.replay_run` make the same checks
+on the streams they read; this is how to check a world before trusting it, or
+to find which streams a refusal came from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict
+
+from little_es.codec import PydanticMapper
+from little_es.errors import ArtifactError, EventLogError, RunNotFoundError
+from little_es.events import (
+    Event,
+    OuterLoopStarted,
+    RunStarted,
+    SessionStarted,
+    StepStarted,
+    SubRunReserved,
+    WorldCreated,
+)
+from little_es.ids import run_stream_id, validate_run_id
+from little_es.values import ArtifactRef
+from little_es.world import World
+
+__all__ = ["ArtifactCheck", "StreamCheck", "VerifyReport", "verify_world"]
+
+
+class StreamCheck(BaseModel):
+    """One stream as :func:`verify_world` found it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    stream_id: UUID
+    kind: str
+    """``run``, ``session``, ``outer_loop``, ``world``, or ``stream`` (none of those)."""
+    name: str
+    """The run id, ``run_id/step_path#attempt`` of a session, the loop id, or the stream id."""
+    events: int
+    """How many rows it has."""
+    problem: str | None = None
+    """What does not hold (None: the stream holds)."""
+
+
+class ArtifactCheck(BaseModel):
+    """One artifact reference as :func:`verify_world` found it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    artifact_id: str
+    run_id: str
+    step_path: str
+    size: int
+    problem: str | None = None
+
+
+class VerifyReport(BaseModel):
+    """What :func:`verify_world` checked, and what did not hold."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    world: str
+    streams: tuple[StreamCheck, ...]
+    artifacts: tuple[ArtifactCheck, ...]
+
+    @property
+    def ok(self) -> bool:
+        """Whether every stream and every artifact holds."""
+        return all(s.problem is None for s in self.streams) and all(
+            a.problem is None for a in self.artifacts
+        )
+
+    @property
+    def problems(self) -> int:
+        """How many streams and artifacts do not hold."""
+        return sum(s.problem is not None for s in self.streams) + sum(
+            a.problem is not None for a in self.artifacts
+        )
+
+
+def verify_world(world: World, run_id: str | None = None) -> VerifyReport:
+    """Check one run (with its sessions and sub-runs) or, without ``run_id``, the whole world.
+
+    Raises :class:`~little_es.errors.RunNotFoundError` when ``run_id`` has no
+    stream and no head in the world; every other finding is in the report.
+    """
+    if not isinstance(world, World):
+        raise TypeError(
+            f"verify_world needs a World (from open_world()), got {type(world).__name__}"
+        )
+    checker = _Checker(world)
+    if run_id is None:
+        checker.check_all()
+    else:
+        validate_run_id(run_id)
+        stream = run_stream_id(run_id)
+        if (
+            not world.backend.select_rows(stream, None)
+            and world.backend.stream_head(stream) is None
+        ):
+            raise RunNotFoundError(run_id, world.name)
+        checker.check_run(run_id)
+    return VerifyReport(
+        world=world.name,
+        streams=tuple(checker.streams.values()),
+        artifacts=tuple(checker.artifacts.values()),
+    )
+
+
+class _Checker:
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.streams: dict[UUID, StreamCheck] = {}
+        self.artifacts: dict[tuple[str, str, str], ArtifactCheck] = {}
+
+    def check_all(self) -> None:
+        in_log = dict.fromkeys(_streams_in_log(self.world))
+        # A head without rows is a stream deleted whole: check those too.
+        headed = [s for s in self.world.backend.stream_heads() if s not in in_log]
+        for stream_id in [*in_log, *headed]:
+            self.check_stream(stream_id, owner=None)
+
+    def check_run(self, run_id: str) -> None:
+        events = self.check_stream(run_stream_id(run_id), owner=run_id)
+        for event in events:
+            if isinstance(event, StepStarted) and event.session_id is not None:
+                self.check_stream(event.session_id, owner=run_id)
+            # A sub-run reserved but never started has no stream.
+            elif isinstance(event, SubRunReserved) and _exists(
+                self.world, run_stream_id(event.sub_run_id)
+            ):
+                self.check_run(event.sub_run_id)
+
+    def check_stream(self, stream_id: UUID, *, owner: str | None) -> list[Event]:
+        """Read one stream as the runtime would; record what holds. Returns its events."""
+        if stream_id in self.streams:
+            return []
+        count = len(self.world.backend.select_rows(stream_id, None))
+        try:
+            events = self.world.read_stream(stream_id)
+            if events and isinstance(events[0], RunStarted):
+                # Loaded as a resume loads it, so its latest snapshot is checked too.
+                self.world.load_run(events[0].run_id)
+        except EventLogError as exc:
+            kind, name = _identify(stream_id, self._first_event(stream_id))
+            self.streams[stream_id] = StreamCheck(
+                stream_id=stream_id,
+                kind=kind,
+                name=name,
+                events=count,
+                problem=" ".join(str(exc).split()),
+            )
+            return []
+        kind, name = _identify(stream_id, events)
+        self.streams[stream_id] = StreamCheck(
+            stream_id=stream_id, kind=kind, name=name, events=count
+        )
+        run_id = owner or _run_of(events)
+        for event in events:
+            for ref in _artifact_refs(event):
+                self._check_artifact(ref, run_id)
+        return events
+
+    def _first_event(self, stream_id: UUID) -> list[Event]:
+        """The stream's first event alone, if it can be read: it names a broken stream."""
+        rows = self.world.backend.select_rows(stream_id, None)
+        if not rows:
+            return []
+        version, topic, data = rows[0]
+        mapper = self.world.app.mapper
+        assert isinstance(mapper, PydanticMapper)
+        try:
+            return [mapper.decode_row(stream_id, version, topic, data)]
+        except EventLogError:
+            return []
+
+    def _check_artifact(self, ref: ArtifactRef, run_id: str | None) -> None:
+        key = (ref.sha256, ref.run_id, ref.step_path)
+        if key in self.artifacts:
+            return
+        problem: str | None = None
+        if run_id is not None and ref.run_id != run_id:
+            problem = (
+                f"referenced by run {run_id!r} but made for run {ref.run_id!r}: a reference"
+                " was copied from another run"
+            )
+        else:
+            try:
+                self.world.artifacts.get(ref)
+            except ArtifactError as exc:
+                problem = " ".join(str(exc).split())
+        self.artifacts[key] = ArtifactCheck(
+            artifact_id=ref.artifact_id,
+            run_id=ref.run_id,
+            step_path=ref.step_path,
+            size=ref.size,
+            problem=problem,
+        )
+
+
+def _exists(world: World, stream_id: UUID) -> bool:
+    """Whether the stream has rows, or a head that says it had."""
+    return bool(world.backend.select_rows(stream_id, None)) or (
+        world.backend.stream_head(stream_id) is not None
+    )
+
+
+def _streams_in_log(world: World) -> Iterator[UUID]:
+    """Every stream id with a row in the log, in the order of their first rows."""
+    recorder = world.app.recorder
+    start: int | None = None
+    seen: set[UUID] = set()
+    while page := recorder.select_notifications(
+        start=start, limit=1000, inclusive_of_start=start is None
+    ):
+        for n in page:
+            sid = n.originator_id
+            stream_id = sid if isinstance(sid, UUID) else UUID(sid)
+            if stream_id not in seen:
+                seen.add(stream_id)
+                yield stream_id
+        start = page[-1].id
+
+
+def _identify(stream_id: UUID, events: list[Event]) -> tuple[str, str]:
+    first = events[0] if events else None
+    if isinstance(first, RunStarted):
+        return "run", first.run_id
+    if isinstance(first, SessionStarted):
+        return "session", f"{first.run_id}/{first.step_path}#{first.attempt}"
+    if isinstance(first, OuterLoopStarted):
+        return "outer_loop", first.outer_loop_id
+    if isinstance(first, WorldCreated):
+        return "world", first.world_id
+    return "stream", str(stream_id)
+
+
+def _run_of(events: list[Event]) -> str | None:
+    first = events[0] if events else None
+    if isinstance(first, RunStarted | SessionStarted):
+        return first.run_id
+    return None
+
+
+def _artifact_refs(event: Event) -> Iterator[ArtifactRef]:
+    """Every artifact reference among an event's fields."""
+    for name in type(event).model_fields:
+        value = getattr(event, name)
+        if isinstance(value, ArtifactRef):
+            yield value
+        elif isinstance(value, tuple):
+            yield from (v for v in value if isinstance(v, ArtifactRef))
