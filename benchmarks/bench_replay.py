@@ -58,6 +58,7 @@ from little_es import (
     materialize_run_state,
     replay_run,
 )
+from little_es.chain import verify_stream
 from little_es.codec import PydanticMapper
 from little_es.materialize import COUNTED_ONLY
 from little_es.pricing import price_usage
@@ -170,8 +171,9 @@ def raw_read(db: Path, streams: list[UUID]) -> int:
                 " WHERE originator_id = ? ORDER BY originator_version",
                 (stream.hex,),
             ).fetchall()
+            # The floor parses the payload behind each row's chain frame, unverified.
             for _version, _topic, state in rows:
-                loads(state)
+                loads(state[65:])
             n += len(rows)
         return n
     finally:
@@ -207,20 +209,25 @@ def stages(world: World, streams: list[UUID], repeat: int) -> dict[str, float]:
             t = time.process_time()
             rows = [world._select(s, None) for s in streams]
             t = clock("select (World._select)", t)
+            checked = [
+                verify_stream(s, r, world.backend.stream_head(s), legacy=False).rows
+                for s, r in zip(streams, rows, strict=True)
+            ]
+            t = clock("verify hash chain + head", t)
             decoded = [
                 [
-                    mapper.decode_row(s, v, topic, state)
-                    for i, (v, topic, state) in enumerate(stream_rows)
+                    mapper.decode_payload(s, v, topic, payload)
+                    for i, (v, topic, payload) in enumerate(stream_rows)
                     if topic not in counted_only or i == len(stream_rows) - 1
                 ]
-                for s, stream_rows in zip(streams, rows, strict=True)
+                for s, stream_rows in zip(streams, checked, strict=True)
             ]
             t = clock("decode + validate the folded rows", t)
             log = merge_by_timestamp(decoded)
             t = clock("merge streams", t)
             materialize_run_state(log, pricer=price_usage)
             clock("fold + freeze (reducer)", t)
-            del rows, decoded, log
+            del rows, checked, decoded, log
     finally:
         gc.enable()
     return best

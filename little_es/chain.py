@@ -6,29 +6,39 @@ Each stored row of a stream is framed::
 
 ``digest`` is the SHA-256 of ``prev``, the stream id, the version, the topic
 and the payload bytes as stored; ``prev`` is the previous row's digest
-(:data:`GENESIS` for version 1). So an edited payload, topic or version no
-longer matches its own digest, and a deleted, inserted or reordered row
-breaks the link to its neighbour. The last row of a stream has no neighbour:
-each backend keeps every stream's head (its last version and digest) in the
-same transaction as the rows, so a cut-off tail is caught too
-(:meth:`~little_es.backends.base.Backend.stream_head`).
+(:data:`GENESIS` for version 1). So each row carries the hash of the one
+before it and its own, and a single row can be checked on its own
+(:func:`unframe`).
+
+A stream read whole is checked in one pass instead (:func:`verify_stream`):
+one SHA-256 over the stream id and every row's topic and payload, in version
+order, compared with the *head* the backend keeps for the stream,
+written in the same transaction as the rows (its last version, its last
+row's digest and that running digest; :meth:`~little_es.backends.base.Backend.stream_head`).
+An edited payload or topic, a deleted, inserted, moved or renumbered row, and
+rows cut off the end all change it (an edited frame alone changes no event:
+the single-row check and ``little verify`` find it). Only when it differs are the
+rows checked one by one, to name the version and what differs
+(:func:`locate_break`). One running hash costs a fraction of a digest per row
+(measured in ``benchmarks/bench_replay.py``), which is why the fast path does
+not check every row's own digest.
 
 What it does not do: a writer that knows this format can recompute a whole
-chain. The chain proves a log was not edited, truncated or spliced by
-anything but a little_es writer, which is what a bad edit, a partial
-restore, a stray ``DELETE`` or a corrupt disk look like.
+stream and its head. The chain proves a log was not edited, truncated or
+spliced by anything but a little_es writer, which is what a bad edit, a
+partial restore, a stray ``DELETE`` or a damaged disk look like.
 
 Rows written before the chain existed have no frame (their payload starts
 with ``{``). A world created before it (:class:`~little_es.events.WorldCreated`
-``log_format`` 1) still reads them, but only in front of a stream's first
-framed row; the chain then starts from the digest they would have had.
+``log_format`` 1) still reads them, in front of a stream's first framed row;
+their bytes enter the running digest like any row's.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
-from typing import NamedTuple
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from little_es.errors import LogTamperedError
@@ -36,13 +46,31 @@ from little_es.errors import LogTamperedError
 FRAME_TAG = 0x01
 GENESIS = bytes(32)
 """The ``prev`` of a stream's first row."""
-_HEADER = 65
+FRAME_SIZE = 65
+"""Bytes in front of the payload of a framed row."""
 _tag = bytes((FRAME_TAG,))
 _sha256 = hashlib.sha256
+_topics: dict[str, bytes] = {}
+
+Row = tuple[int, str, bytes]
+"""One stored row: (version, topic, bytes)."""
+Running = Any
+"""A ``hashlib.sha256`` object fed with a stream's rows so far (:func:`seed`, :func:`feed`)."""
+
+
+class Head(NamedTuple):
+    """What a backend keeps of a stream, written with its rows."""
+
+    version: int
+    """The last version written."""
+    digest: bytes
+    """The last row's own digest (the next row's ``prev``)."""
+    running: bytes
+    """The running digest over the whole stream (:func:`seed`, :func:`feed`)."""
 
 
 def digest(prev: bytes, stream_id: UUID, version: int, topic: str, payload: bytes) -> bytes:
-    """The digest of one row: what its successor's ``prev`` and the stream head hold."""
+    """The digest of one row: what its successor's ``prev`` holds."""
     h = _sha256(prev)
     h.update(stream_id.bytes)
     h.update(version.to_bytes(8, "big"))
@@ -59,12 +87,31 @@ def frame(prev: bytes, stream_id: UUID, version: int, topic: str, payload: bytes
 
 def is_framed(data: bytes) -> bool:
     """Whether ``data`` carries a frame (rows written before the chain do not)."""
-    return len(data) >= _HEADER and data[0] == FRAME_TAG
+    return len(data) >= FRAME_SIZE and data[0] == FRAME_TAG
 
 
 def row_digest(data: bytes) -> bytes:
     """The digest a framed row records for itself (not recomputed)."""
-    return bytes(data[33:_HEADER])
+    return bytes(data[33:FRAME_SIZE])
+
+
+def seed(stream_id: UUID) -> Running:
+    """The running digest of a stream with no rows."""
+    return _sha256(b"little_es stream\x00" + stream_id.bytes)
+
+
+def payload_of(data: bytes) -> bytes:
+    """A stored row's payload: its bytes behind the frame (a row without one as it is)."""
+    return data[FRAME_SIZE:] if is_framed(data) else data
+
+
+def feed(running: Running, topic: str, payload: bytes) -> None:
+    """Add one row (its topic and payload) to a running digest."""
+    topic_bytes = _topics.get(topic)
+    if topic_bytes is None:
+        topic_bytes = _topics.setdefault(topic, topic.encode() + b"\x00")
+    running.update(topic_bytes)
+    running.update(payload)
 
 
 def _where(stream_id: UUID, version: int, topic: str) -> str:
@@ -75,11 +122,11 @@ def unframe(stream_id: UUID, version: int, topic: str, data: bytes) -> bytes:
     """The payload of one stored row, its own digest checked; a row without a frame as it is.
 
     For a reader that sees rows one at a time (the projections, eventsourcing's
-    own readers): the link to the previous row is :func:`verify_rows`'s job.
+    own readers): the link to the rest of the stream is :func:`verify_stream`'s job.
     """
     if not is_framed(data):
         return data
-    prev, recorded, payload = data[1:33], data[33:_HEADER], data[_HEADER:]
+    prev, recorded, payload = data[1:33], data[33:FRAME_SIZE], data[FRAME_SIZE:]
     if digest(prev, stream_id, version, topic, payload) != recorded:
         raise LogTamperedError(
             f"{_where(stream_id, version, topic)}: the stored row does not match its own"
@@ -88,126 +135,130 @@ def unframe(stream_id: UUID, version: int, topic: str, data: bytes) -> bytes:
     return payload
 
 
-_Row = tuple[int, str, bytes]
-
-
 class Verified(NamedTuple):
-    """A run of rows as :func:`verify_rows` checked them."""
+    """A whole stream as :func:`verify_stream` checked it."""
 
-    rows: list[_Row]
+    rows: list[Row]
     """``(version, topic, payload)``, frames removed."""
-    digest: bytes | None
-    """The last row's digest (``prev`` as given when there were no rows)."""
-    chained: bool
-    """Whether any row read carried a frame (else: no rows, or rows written before the chain)."""
+    digest: bytes
+    """The last row's own digest (:data:`GENESIS` for no rows): the next row's ``prev``."""
+    running: Running
+    """The running digest after the last row, for the next append to continue."""
 
 
-def verify_rows(
-    stream_id: UUID,
-    rows: Sequence[_Row],
-    *,
-    after: int,
-    prev: bytes | None,
-    legacy: bool,
+def verify_stream(
+    stream_id: UUID, rows: Sequence[Row], head: Head | None, *, legacy: bool
 ) -> Verified:
-    """Check a run of rows (versions ``after + 1 ...``) and return them with bare payloads.
+    """Check a whole stream (its rows from version 1, in order) and return it unframed.
 
-    ``prev`` is the digest of row ``after`` (:data:`GENESIS` when ``after`` is 0),
-    or None when it is not known (a read that starts after a snapshot): then the
-    first row's own digest is trusted as the start of the chain. ``legacy``
-    allows rows without a frame before the first framed one.
+    ``head`` is what the backend keeps (None: nothing written since the chain). ``legacy``
+    allows rows without a frame in front of the first framed one.
 
     Raises :class:`~little_es.errors.LogTamperedError` naming the stream, the
-    version and what differs: a gap in versions, an edited row, a broken link,
-    or an unframed row where only framed ones may stand.
+    version and what differs.
     """
-    out: list[_Row] = []
+    out: list[Row] = []
     append = out.append
-    chained = False
-    expected = after + 1
+    running = seed(stream_id)
+    update = running.update
+    topics = _topics
+    expected = 1
+    framed = False
     for version, topic, data in rows:
         if version != expected:
             raise LogTamperedError(
                 f"stream {stream_id}: version {expected} is missing (the next stored row is"
                 f" version {version}); rows were deleted from the log"
             )
-        if data[:1] == _tag and len(data) >= _HEADER:
-            stored_prev = data[1:33]
-            payload = data[_HEADER:]
-            if prev is not None and stored_prev != prev:
-                raise LogTamperedError(
-                    f"{_where(stream_id, version, topic)}: the row does not follow version"
-                    f" {version - 1} (its recorded previous digest differs); a row was"
-                    " replaced, inserted or moved"
-                )
-            own = digest(stored_prev, stream_id, version, topic, payload)
-            if own != data[33:_HEADER]:
-                raise LogTamperedError(
-                    f"{_where(stream_id, version, topic)}: the stored row does not match its"
-                    " own digest (its payload, topic or version was changed after it was"
-                    " written)"
-                )
-            prev = own
-            legacy = False
-            chained = True
-            append((version, topic, payload))
-        elif legacy and not chained and prev is not None:
-            prev = digest(prev, stream_id, version, topic, data)
-            append((version, topic, data))
+        if data[:1] == _tag:
+            framed = True
+            payload = data[FRAME_SIZE:]
+        elif legacy and not framed and data[:1] == b"{":
+            payload = data
         else:
             raise LogTamperedError(
                 f"{_where(stream_id, version, topic)}: the row carries no chain frame, in a"
                 " stream or world whose rows all do"
             )
+        topic_bytes = topics.get(topic)
+        if topic_bytes is None:
+            topic_bytes = topics.setdefault(topic, topic.encode() + b"\x00")
+        update(topic_bytes)
+        update(payload)
+        append((version, topic, payload))
         expected += 1
-    return Verified(out, prev, chained)
+    last = rows[-1][2] if rows else b""
+    last_digest = row_digest(last) if is_framed(last) else GENESIS
+    _check_head(stream_id, rows, head, framed, running.digest(), last_digest)
+    return Verified(out, last_digest, running)
 
 
-def check_head(
+def _check_head(
     stream_id: UUID,
-    version: int,
-    last: bytes | None,
-    chained: bool,
-    head: tuple[int, bytes] | None,
+    rows: Sequence[Row],
+    head: Head | None,
+    framed: bool,
+    running: bytes,
+    last_digest: bytes,
 ) -> None:
-    """Compare a stream's last row as read (``version``, digest ``last``) with its stored head.
-
-    ``version`` is 0 for a stream with no rows; ``chained`` says whether the
-    rows read carried frames; ``head`` is None for a stream the backend keeps
-    no head of (never written, or written before the chain).
-    """
+    version = rows[-1][0] if rows else 0
     if head is None:
-        if chained:
+        if framed:
             raise LogTamperedError(
                 f"stream {stream_id} has chained rows up to version {version} but no head"
                 " record: the world's head table was edited; restore the world from a backup"
             )
         return
-    head_version, head_digest = head
-    if version < head_version:
+    if version < head.version:
         raise LogTamperedError(
             f"stream {stream_id} ends at version {version} but was written up to version"
-            f" {head_version}: rows were deleted from the end of the log; restore the world"
+            f" {head.version}: rows were deleted from the end of the log; restore the world"
             " from a backup"
         )
-    if version > head_version:
+    if version > head.version:
         raise LogTamperedError(
             f"stream {stream_id} has rows up to version {version} but was written up to"
-            f" version {head_version}: rows were added to the log by something other than"
-            " little_es"
+            f" version {head.version}: rows were added to the log by something other than"
+            " little_es; restore the world from a backup"
         )
-    if last is not None and last != head_digest:
+    if running != head.running or (framed and last_digest != head.digest):
+        locate_break(stream_id, rows, head)
+
+
+def check_rows(stream_id: UUID, rows: Sequence[Row]) -> bytes:
+    """Check every framed row's own digest and its link to the row before; return the last
+    digest. The thorough walk ``little verify`` makes, and what names a break."""
+    prev = GENESIS
+    for version, topic, data in rows:
+        if not is_framed(data):
+            # A row from before the chain: only the running digest covers it.
+            continue
+        if data[1:33] != prev:
+            raise LogTamperedError(
+                f"{_where(stream_id, version, topic)}: the row does not follow version"
+                f" {version - 1} (its recorded previous digest differs); a row was replaced,"
+                " inserted or moved"
+            )
+        prev = digest(prev, stream_id, version, topic, data[FRAME_SIZE:])
+        if prev != data[33:FRAME_SIZE]:
+            raise LogTamperedError(
+                f"{_where(stream_id, version, topic)}: the stored row does not match its own"
+                " digest (its payload, topic or version was changed after it was written)"
+            )
+    return prev
+
+
+def locate_break(stream_id: UUID, rows: Sequence[Row], head: Head) -> None:
+    """Raise the :class:`~little_es.errors.LogTamperedError` that names where a stream whose
+    running digest differs from its head was changed, row by row."""
+    if check_rows(stream_id, rows) != head.digest:
         raise LogTamperedError(
-            f"stream {stream_id}, version {version}: the last row is not the one that was"
-            " written (its digest differs from the stream head); restore the world from a"
-            " backup"
+            f"stream {stream_id}, version {head.version}: the last row is not the one that"
+            " was written (its digest differs from the stream head); restore the world from"
+            " a backup"
         )
-
-
-def heads_of(rows: Iterable[tuple[UUID, int, bytes]]) -> dict[UUID, tuple[int, bytes]]:
-    """The new head of each stream among framed rows being inserted (last one wins)."""
-    heads: dict[UUID, tuple[int, bytes]] = {}
-    for stream_id, version, data in rows:
-        if is_framed(data):
-            heads[stream_id] = (version, row_digest(data))
-    return heads
+    raise LogTamperedError(
+        f"stream {stream_id}: its rows do not add up to the running digest of its head;"
+        " a row from before the chain was changed, or the stream was rewritten with its"
+        " digests recomputed: restore the world from a backup"
+    )

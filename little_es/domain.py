@@ -20,7 +20,7 @@ from uuid import UUID
 
 from pydantic import ValidationError
 
-from little_es.chain import GENESIS
+from little_es.chain import GENESIS, seed
 from little_es.errors import EventPayloadError
 from little_es.events import (
     Event,
@@ -65,6 +65,8 @@ class Aggregate:
         self._pending: list[Event] = []
         self.chain_digest = GENESIS
         """The digest of the last stored event (:mod:`little_es.chain`): the next links to it."""
+        self.chain_running = seed(id)
+        """The stream's running digest after its last stored event: the next save continues it."""
 
     def trigger(self, event_class: type[E], **fields: Any) -> E:
         """Create the next event of this stream, apply it, and queue it for saving."""

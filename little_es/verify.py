@@ -18,6 +18,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict
 
+from little_es.chain import check_rows
 from little_es.codec import PydanticMapper
 from little_es.errors import ArtifactError, EventLogError, RunNotFoundError
 from little_es.events import (
@@ -148,6 +149,8 @@ class _Checker:
         count = len(self.world.backend.select_rows(stream_id, None))
         try:
             events = self.world.read_stream(stream_id)
+            # Beyond what a read checks: every row's own digest and link, frames included.
+            check_rows(stream_id, self.world.backend.select_rows(stream_id, None))
             if events and isinstance(events[0], RunStarted):
                 # Loaded as a resume loads it, so its latest snapshot is checked too.
                 self.world.load_run(events[0].run_id)

@@ -36,17 +36,18 @@ from eventsourcing.application import Application
 from eventsourcing.persistence import IntegrityError, StoredEvent
 from eventsourcing.utils import get_topic
 
-from little_es.backends.base import Backend, Row
+from little_es.backends.base import Backend
 from little_es.backends.memory import MemoryBackend
 from little_es.backends.sqlite import SQLiteBackend, Synchronous
 from little_es.chain import (
-    GENESIS,
-    check_head,
+    Head,
+    Running,
+    Verified,
+    feed,
     frame,
     is_framed,
     row_digest,
-    unframe,
-    verify_rows,
+    verify_stream,
 )
 from little_es.codec import OrjsonTranscoder, PydanticMapper
 from little_es.domain import Aggregate, HarnessSession, OuterLoop, Run, WorldRecord
@@ -312,33 +313,40 @@ class World:
             aggregates = (self._new_record(LOG_FORMAT_CHAINED), *aggregates)
         batches = [(a, a.collect_events()) for a in aggregates]
         stored: list[StoredEvent] = []
-        digests: list[bytes] = []
+        heads: dict[UUID, tuple[Head, Running]] = {}
         encode = self._mapper.encode_payload
         for aggregate, events in batches:
+            if not events:
+                continue
             prev = aggregate.chain_digest
+            running = aggregate.chain_running.copy()
             for event in events:
                 topic, payload = encode(event)
-                data = frame(prev, aggregate.id, event.originator_version, topic, payload)
+                version = event.originator_version
+                data = frame(prev, aggregate.id, version, topic, payload)
                 prev = row_digest(data)
-                stored.append(StoredEvent(aggregate.id, event.originator_version, topic, data))
-            digests.append(prev)
+                feed(running, topic, payload)
+                stored.append(StoredEvent(aggregate.id, version, topic, data))
+            heads[aggregate.id] = (Head(aggregate.version, prev, running.digest()), running)
         if not stored:
             return
         pending = [e for _, events in batches for e in events]
         durable = not all(type(e).write_ahead for e in pending)
         try:
-            self._insert(stored, durable, aggregates)
+            self._insert(stored, durable, heads, aggregates)
         except _RecordedElsewhereError:
             # Another world object or process recorded this new world first.
             self._unrecorded = False
             self._legacy = self._open_record()
             record_id = world_stream_id()
             batches = [(a, e) for a, e in batches if a.id != record_id]
-            digests = digests[len(digests) - len(batches) :]
+            heads.pop(record_id, None)
             stored = [s for s in stored if s.originator_id != record_id]
-            self._insert(stored, durable, tuple(a for a, _ in batches))
-        for (aggregate, _), digest in zip(batches, digests, strict=True):
-            aggregate.chain_digest = digest
+            self._insert(stored, durable, heads, tuple(a for a, _ in batches))
+        for aggregate, _ in batches:
+            if aggregate.id in heads:
+                head, running = heads[aggregate.id]
+                aggregate.chain_digest, aggregate.chain_running = head.digest, running
             if isinstance(aggregate, WorldRecord) and aggregate.created is not None:
                 self._unrecorded = False
                 self.backend.write_marker(aggregate.created.world_id)
@@ -346,10 +354,16 @@ class World:
         after_append(pending)
 
     def _insert(
-        self, stored: list[StoredEvent], durable: bool, aggregates: Sequence[Aggregate]
+        self,
+        stored: list[StoredEvent],
+        durable: bool,
+        heads: dict[UUID, tuple[Head, Running]],
+        aggregates: Sequence[Aggregate],
     ) -> None:
         try:
-            self.app.recorder.insert_events(stored, durable=durable)
+            self.app.recorder.insert_events(
+                stored, durable=durable, heads={sid: head for sid, (head, _) in heads.items()}
+            )
         except IntegrityError as exc:
             if self._unrecorded and self._load(WorldRecord, world_stream_id()) is not None:
                 raise _RecordedElsewhereError from exc
@@ -395,20 +409,11 @@ class World:
             events, _ = self._read_stream(stream_id, None, frozenset())
             return events[after:] if after else events
 
-    def _verified_rows(self, stream_id: UUID) -> tuple[list[Row], bytes]:
-        """A whole stream's rows (frames removed) and its last digest, chain and head verified."""
-        checked = verify_rows(
-            stream_id, self._select(stream_id, None), after=0, prev=GENESIS, legacy=self._legacy
-        )
-        rows = checked.rows
-        check_head(
-            stream_id,
-            rows[-1][0] if rows else 0,
-            checked.digest if rows else None,
-            checked.chained,
-            self.backend.stream_head(stream_id),
-        )
-        return rows, checked.digest or GENESIS
+    def _verified(self, stream_id: UUID) -> Verified:
+        """A whole stream, its chain and head verified (:func:`~little_es.chain.verify_stream`)."""
+        rows = self._select(stream_id, None)
+        head = self.backend.stream_head(stream_id)
+        return verify_stream(stream_id, rows, head, legacy=self._legacy)
 
     def _read_stream(
         self, stream_id: UUID, after: int | None, skip: frozenset[type[Event]]
@@ -419,7 +424,7 @@ class World:
         is never skipped, so it is refused all the same. ``after`` is unused
         (a stream is verified from its first row) and kept for callers.
         """
-        rows, _ = self._verified_rows(stream_id)
+        rows = self._verified(stream_id).rows
         decode = self._mapper.decode_payload
         if not skip or not rows:
             return [decode(stream_id, v, topic, state) for v, topic, state in rows], 0
@@ -500,29 +505,29 @@ class World:
     def _load(self, cls: type[A], stream_id: UUID) -> A | None:
         """The aggregate folded from its latest snapshot (if any) and later events, verified.
 
-        A snapshot stands for the event at its version: its frame's ``prev`` must
-        be that event's digest. The rows after it are verified from there and
-        the stream's head checked, as a whole read would.
+        The whole stream is read and verified either way (its raw rows: only
+        those after the snapshot are decoded). A snapshot stands for the event
+        at its version: its frame's ``prev`` must be that event's digest.
         """
         with gc_paused():
+            checked = self._verified(stream_id)
+            rows = checked.rows
+            if not rows:
+                return None
             aggregate: A = self._blanks[cls](stream_id)
-            snapshot = self._latest_snapshot(stream_id)
-            if snapshot is None:
-                rows, digest = self._verified_rows(stream_id)
-                if not rows:
-                    return None
-            else:
-                event, at = snapshot
-                rows, digest = self._rows_after_snapshot(stream_id, event.originator_version, at)
-                aggregate.mutate(event)
+            snapshot = self._latest_snapshot(stream_id, checked)
+            if snapshot is not None:
+                aggregate.mutate(snapshot)
+                rows = rows[snapshot.originator_version :]
             decode = self._mapper.decode_payload
             for version, topic, payload in rows:
                 aggregate.mutate(decode(stream_id, version, topic, payload))
-            aggregate.chain_digest = digest
+            aggregate.chain_digest = checked.digest
+            aggregate.chain_running = checked.running
             return aggregate
 
-    def _latest_snapshot(self, stream_id: UUID) -> tuple[Snapshot, bytes] | None:
-        """The latest framed snapshot and the digest it stands on; None without one.
+    def _latest_snapshot(self, stream_id: UUID, checked: Verified) -> Snapshot | None:
+        """The latest snapshot of a verified stream, checked to stand on it; None without one.
 
         A snapshot stored before the chain has no frame: it is passed over (a
         snapshot is a cache of the fold, the events are the record).
@@ -533,34 +538,22 @@ class World:
         if not found or not is_framed(found[0].state):
             return None
         row = found[0]
-        event = self._mapper.decode_row(stream_id, row.originator_version, row.topic, row.state)
+        version = row.originator_version
+        event = self._mapper.decode_row(stream_id, version, row.topic, row.state)
         assert isinstance(event, Snapshot)
-        return event, bytes(row.state[1:33])
-
-    def _rows_after_snapshot(
-        self, stream_id: UUID, version: int, at: bytes
-    ) -> tuple[list[Row], bytes]:
-        """The rows after a snapshot at ``version`` whose frame says event ``version`` has
-        digest ``at``: that event's own digest checked and matched, the rest chained to it."""
-        rows = self._select(stream_id, version - 1)
-        if not rows or rows[0][0] != version:
-            raise LogTamperedError(
-                f"stream {stream_id}: a snapshot stands for version {version}, which is not in"
-                " the log; rows were deleted: restore the world from a backup"
-            )
-        first_version, first_topic, first_data = rows[0]
-        unframe(stream_id, first_version, first_topic, first_data)
-        if not is_framed(first_data) or row_digest(first_data) != at:
+        stood_on = self._select(stream_id, version - 1)[:1]
+        if (
+            version > len(checked.rows)
+            or not stood_on
+            or not is_framed(stood_on[0][2])
+            or row_digest(stood_on[0][2]) != bytes(row.state[1:33])
+        ):
             raise LogTamperedError(
                 f"stream {stream_id}: the snapshot at version {version} does not stand on the"
-                " stored event of that version (their digests differ); a row or the snapshot"
-                " was replaced: restore the world from a backup"
+                " stored event of that version (their digests differ); the snapshot was"
+                " replaced or edited: restore the world from a backup"
             )
-        checked = verify_rows(stream_id, rows[1:], after=version, prev=at, legacy=False)
-        last = checked.rows[-1][0] if checked.rows else version
-        digest = checked.digest or at
-        check_head(stream_id, last, digest, True, self.backend.stream_head(stream_id))
-        return checked.rows, digest
+        return event
 
     def run_lease(self, run_id: str) -> AbstractContextManager[None]:
         """Hold the exclusive lease on ``run_id`` (:class:`~little_es.backends.base.RunLeases`)."""

@@ -102,7 +102,7 @@ class _Db:
             f"SELECT {self.id_column}, originator_id, originator_version, topic, state"
             f" FROM {self.table}"
         )
-        heads = self.run(f"SELECT stream_id, version, digest FROM {HEADS_TABLE}")
+        heads = self.run(f"SELECT stream_id, version, digest, running FROM {HEADS_TABLE}")
         return events, heads
 
     def restore(self, backup: tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]) -> None:
@@ -122,7 +122,7 @@ class _Db:
                 )
             for row in heads:
                 conn.execute(
-                    f"INSERT INTO {HEADS_TABLE} VALUES (?, ?, ?)".replace("?", self.mark), row
+                    f"INSERT INTO {HEADS_TABLE} VALUES (?, ?, ?, ?)".replace("?", self.mark), row
                 )
         finally:
             conn.close()

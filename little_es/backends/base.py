@@ -39,7 +39,7 @@ from eventsourcing.application import Application
 from eventsourcing.persistence import Tracking, TrackingRecorder
 from pydantic import BaseModel, ConfigDict
 
-from little_es.chain import is_framed, row_digest
+from little_es.chain import Head
 from little_es.errors import ArtifactIntegrityError, ArtifactNotFoundError, ConcurrentRunError
 from little_es.ids import run_stream_id, validate_run_id
 from little_es.materialize import MaterializedRunState, RunStatus
@@ -88,35 +88,19 @@ class Backend(ABC):
         rows = self.app.recorder.select_events(stream_id, gt=after)
         return [(r.originator_version, r.topic, r.state) for r in rows]
 
-    def stream_head(self, stream_id: UUID) -> tuple[int, bytes] | None:
-        """The last version and digest written to ``stream_id``, or None if none was chained.
+    @abstractmethod
+    def stream_head(self, stream_id: UUID) -> Head | None:
+        """What was last written to ``stream_id`` (:class:`~little_es.chain.Head`), or None.
 
-        A persistent backend keeps these in a table of its own, written in the
-        same transaction as the rows (``HEADS_TABLE``), so rows deleted from
-        the end of a stream are caught. This default takes them from the last
-        row itself, which catches no such deletion: it is for storage nothing
-        outside the process can edit (the memory backend).
+        The recorder writes heads in the same transaction as the rows (the
+        ``heads`` argument of its ``insert_events``), in a table of their own
+        (:data:`HEADS_TABLE`), so rows deleted or edited behind the world's back
+        no longer match it. None for a stream never written since the chain.
         """
-        rows = self.app.recorder.select_events(stream_id, desc=True, limit=1)
-        if not rows or not is_framed(rows[0].state):
-            return None
-        return rows[0].originator_version, row_digest(rows[0].state)
 
-    def stream_heads(self) -> dict[UUID, tuple[int, bytes]]:
+    @abstractmethod
+    def stream_heads(self) -> dict[UUID, Head]:
         """Every stream's head (see :meth:`stream_head`), for ``little verify --all``."""
-        heads: dict[UUID, tuple[int, bytes]] = {}
-        start: int | None = None
-        recorder = self.app.recorder
-        while page := recorder.select_notifications(
-            start=start, limit=1000, inclusive_of_start=start is None
-        ):
-            for n in page:
-                if is_framed(n.state):
-                    sid = n.originator_id
-                    key = sid if isinstance(sid, UUID) else UUID(sid)
-                    heads[key] = (n.originator_version, row_digest(n.state))
-            start = page[-1].id
-        return heads
 
     def marker(self) -> str | None:
         """The world id recorded outside the database, or None (none recorded, or no outside)."""

@@ -7,11 +7,13 @@ closed or the process exits. For tests.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 from uuid import UUID
 
-from eventsourcing.persistence import Tracking
-from eventsourcing.popo import POPOTrackingRecorder
+from eventsourcing.persistence import ApplicationRecorder, StoredEvent, Tracking
+from eventsourcing.popo import POPOApplicationRecorder, POPOFactory, POPOTrackingRecorder
+from eventsourcing.utils import get_topic
 
 from little_es.backends.base import (
     ApplicationClass,
@@ -24,6 +26,7 @@ from little_es.backends.base import (
     load_state,
     oldest_first,
 )
+from little_es.chain import Head
 from little_es.materialize import MaterializedRunState
 
 
@@ -32,7 +35,7 @@ class MemoryBackend(Backend):
 
     def __init__(self, app_class: ApplicationClass) -> None:
         super().__init__(
-            app=app_class(env={"PERSISTENCE_MODULE": "eventsourcing.popo"}),
+            app=app_class(env={"PERSISTENCE_MODULE": get_topic(LittlePOPOFactory)}),
             artifacts=MemoryArtifactStore(),
             leases=MemoryRunLeases(),
             name="memory://",
@@ -40,12 +43,52 @@ class MemoryBackend(Backend):
         self._view: MemoryRunsView | None = None
         self._view_lock = threading.Lock()
 
+    def stream_head(self, stream_id: UUID) -> Head | None:
+        """See :meth:`Backend.stream_head`."""
+        recorder = self.app.recorder
+        assert isinstance(recorder, LittlePOPOApplicationRecorder)
+        return recorder.heads.get(stream_id)
+
+    def stream_heads(self) -> dict[UUID, Head]:
+        """See :meth:`Backend.stream_heads`."""
+        recorder = self.app.recorder
+        assert isinstance(recorder, LittlePOPOApplicationRecorder)
+        return dict(recorder.heads)
+
     def runs_view(self) -> MemoryRunsView:
         """The one view of this world: a later projection continues from an earlier one."""
         with self._view_lock:
             if self._view is None:
                 self._view = MemoryRunsView()
             return self._view
+
+
+class LittlePOPOApplicationRecorder(POPOApplicationRecorder):
+    """eventsourcing's in-memory recorder, keeping stream heads with the rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.heads: dict[UUID, Head] = {}
+
+    def _insert_events(
+        self,
+        stored_events: Sequence[StoredEvent],
+        *,
+        heads: Mapping[UUID, Head] | None = None,
+        **kwargs: Any,
+    ) -> Sequence[int] | None:
+        with self._database_lock:
+            ids = super()._insert_events(stored_events, **kwargs)
+            self.heads.update(heads or {})
+            return ids
+
+
+class LittlePOPOFactory(POPOFactory):
+    """eventsourcing's in-memory factory with :class:`LittlePOPOApplicationRecorder`."""
+
+    def application_recorder(self) -> ApplicationRecorder:
+        """The recorder that keeps heads."""
+        return LittlePOPOApplicationRecorder()
 
 
 class MemoryArtifactStore(ArtifactStore):

@@ -20,7 +20,7 @@ import hashlib
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, cast
+from typing import Any
 from uuid import UUID
 
 import psycopg
@@ -54,7 +54,7 @@ from little_es.backends.base import (
     load_state,
     oldest_first,
 )
-from little_es.chain import heads_of
+from little_es.chain import Head
 from little_es.materialize import MaterializedRunState
 
 
@@ -131,7 +131,7 @@ class PostgresBackend(Backend):
             rows: list[Row] = cursor.fetchall()
             return rows
 
-    def stream_head(self, stream_id: UUID) -> tuple[int, bytes] | None:
+    def stream_head(self, stream_id: UUID) -> Head | None:
         """See :meth:`Backend.stream_head`: from the heads table."""
         recorder = self.app.recorder
         assert isinstance(recorder, LittlePostgresApplicationRecorder)
@@ -141,9 +141,9 @@ class PostgresBackend(Backend):
         ):
             cursor.execute(recorder.select_head_statement, (stream_id,), prepare=True)
             row = cursor.fetchone()
-            return None if row is None else (row[0], bytes(row[1]))
+            return None if row is None else Head(row[0], bytes(row[1]), bytes(row[2]))
 
-    def stream_heads(self) -> dict[UUID, tuple[int, bytes]]:
+    def stream_heads(self) -> dict[UUID, Head]:
         """See :meth:`Backend.stream_heads`: the whole heads table."""
         recorder = self.app.recorder
         assert isinstance(recorder, LittlePostgresApplicationRecorder)
@@ -152,7 +152,7 @@ class PostgresBackend(Backend):
             conn.cursor(row_factory=tuple_row) as cursor,
         ):
             cursor.execute(recorder.select_heads_statement)
-            return {sid: (version, bytes(d)) for sid, version, d in cursor.fetchall()}
+            return {s: Head(v, bytes(d), bytes(r)) for s, v, d, r in cursor.fetchall()}
 
     def runs_view(self) -> PostgresRunsView:
         """The read model in the world's schema."""
@@ -199,36 +199,37 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
         self.sql_create_statements.append(
             SQL(
                 "CREATE TABLE IF NOT EXISTS {heads} (stream_id uuid PRIMARY KEY,"
-                " version bigint NOT NULL, digest bytea NOT NULL)"
+                " version bigint NOT NULL, digest bytea NOT NULL, running bytea NOT NULL)"
             ).format(heads=heads)
         )
         self.upsert_heads_statement = SQL(
-            "INSERT INTO {heads} (stream_id, version, digest)"
-            " SELECT * FROM unnest(%s::uuid[], %s::bigint[], %s::bytea[])"
-            " ON CONFLICT (stream_id) DO UPDATE"
-            " SET version = EXCLUDED.version, digest = EXCLUDED.digest"
+            "INSERT INTO {heads} (stream_id, version, digest, running)"
+            " SELECT * FROM unnest(%s::uuid[], %s::bigint[], %s::bytea[], %s::bytea[])"
+            " ON CONFLICT (stream_id) DO UPDATE SET version = EXCLUDED.version,"
+            " digest = EXCLUDED.digest, running = EXCLUDED.running"
         ).format(heads=heads)
         self.select_head_statement = SQL(
-            "SELECT version, digest FROM {heads} WHERE stream_id = %s"
+            "SELECT version, digest, running FROM {heads} WHERE stream_id = %s"
         ).format(heads=heads)
-        self.select_heads_statement = SQL("SELECT stream_id, version, digest FROM {heads}").format(
-            heads=heads
-        )
+        self.select_heads_statement = SQL(
+            "SELECT stream_id, version, digest, running FROM {heads}"
+        ).format(heads=heads)
 
     def _insert_stored_events(
-        self, curs: Cursor[DictRow], stored_events: Sequence[StoredEvent], **kwargs: Any
+        self,
+        curs: Cursor[DictRow],
+        stored_events: Sequence[StoredEvent],
+        *,
+        heads: Mapping[UUID, Head] | None = None,
+        **kwargs: Any,
     ) -> None:
         super()._insert_stored_events(curs, stored_events, **kwargs)
-        heads = heads_of(
-            (cast(UUID, s.originator_id), s.originator_version, s.state) for s in stored_events
-        )
         if heads:
+            # Lists: psycopg sends a list as an array, a tuple as a record.
+            columns = [list(column) for column in zip(*heads.values(), strict=True)]
             # Another cursor: eventsourcing reads the notification ids from this one's result.
             with curs.connection.cursor() as heads_cursor:
-                heads_cursor.execute(
-                    self.upsert_heads_statement,
-                    (list(heads), [v for v, _ in heads.values()], [d for _, d in heads.values()]),
-                )
+                heads_cursor.execute(self.upsert_heads_statement, (list(heads), *columns))
 
     def _insert_events(
         self,

@@ -33,7 +33,7 @@ import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal
 from uuid import UUID
 
 import orjson
@@ -67,7 +67,7 @@ from little_es.backends.base import (
     load_state,
     oldest_first,
 )
-from little_es.chain import heads_of
+from little_es.chain import Head
 from little_es.errors import WorldIntegrityError
 from little_es.materialize import MaterializedRunState
 
@@ -128,22 +128,22 @@ class SQLiteBackend(Backend):
             rows: list[Row] = raw.fetchall()
             return rows
 
-    def stream_head(self, stream_id: UUID) -> tuple[int, bytes] | None:
+    def stream_head(self, stream_id: UUID) -> Head | None:
         """See :meth:`Backend.stream_head`: from the heads table."""
         with _refusing_corruption(self.name), self._datastore.transaction(commit=False) as cursor:
             raw = cursor.sqlite_cursor
             raw.row_factory = None
             raw.execute(_SELECT_HEAD, (stream_id.hex,))
             row = raw.fetchone()
-            return None if row is None else (row[0], bytes(row[1]))
+            return None if row is None else Head(row[0], bytes(row[1]), bytes(row[2]))
 
-    def stream_heads(self) -> dict[UUID, tuple[int, bytes]]:
+    def stream_heads(self) -> dict[UUID, Head]:
         """See :meth:`Backend.stream_heads`: the whole heads table."""
         with _refusing_corruption(self.name), self._datastore.transaction(commit=False) as cursor:
             raw = cursor.sqlite_cursor
             raw.row_factory = None
-            raw.execute(f"SELECT stream_id, version, digest FROM {HEADS_TABLE}")
-            return {UUID(sid): (version, bytes(d)) for sid, version, d in raw.fetchall()}
+            raw.execute(f"SELECT stream_id, version, digest, running FROM {HEADS_TABLE}")
+            return {UUID(s): Head(v, bytes(d), bytes(r)) for s, v, d, r in raw.fetchall()}
 
     def marker(self) -> str | None:
         """The world id in ``{data_dir}/world.json``, or None when there is none."""
@@ -199,10 +199,11 @@ class _SQLiteConnectionPool(SQLiteConnectionPool):
 
 
 MARKER_FILE = "world.json"
-_SELECT_HEAD = f"SELECT version, digest FROM {HEADS_TABLE} WHERE stream_id=?"
+_SELECT_HEAD = f"SELECT version, digest, running FROM {HEADS_TABLE} WHERE stream_id=?"
 _UPSERT_HEAD = (
-    f"INSERT INTO {HEADS_TABLE} (stream_id, version, digest) VALUES (?, ?, ?)"
-    " ON CONFLICT (stream_id) DO UPDATE SET version=excluded.version, digest=excluded.digest"
+    f"INSERT INTO {HEADS_TABLE} (stream_id, version, digest, running) VALUES (?, ?, ?, ?)"
+    " ON CONFLICT (stream_id) DO UPDATE SET version=excluded.version,"
+    " digest=excluded.digest, running=excluded.running"
 )
 # SQLite's primary result codes for a damaged file and for a file that is no database.
 _CORRUPTION_CODES = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
@@ -270,17 +271,21 @@ class LittleSQLiteApplicationRecorder(SQLiteApplicationRecorder):
         return [
             *super().construct_create_table_statements(),
             f"CREATE TABLE IF NOT EXISTS {HEADS_TABLE} (stream_id TEXT PRIMARY KEY,"
-            " version INTEGER NOT NULL, digest BLOB NOT NULL) WITHOUT ROWID",
+            " version INTEGER NOT NULL, digest BLOB NOT NULL, running BLOB NOT NULL)"
+            " WITHOUT ROWID",
         ]
 
     def _insert_events(
-        self, c: SQLiteCursor, stored_events: Sequence[StoredEvent], **kwargs: Any
+        self,
+        c: SQLiteCursor,
+        stored_events: Sequence[StoredEvent],
+        *,
+        heads: Mapping[UUID, Head] | None = None,
+        **kwargs: Any,
     ) -> Sequence[int] | None:
         ids = super()._insert_events(c, stored_events, **kwargs)
-        heads = heads_of(
-            (cast(UUID, s.originator_id), s.originator_version, s.state) for s in stored_events
-        )
-        c.executemany(_UPSERT_HEAD, [(sid.hex, version, d) for sid, (version, d) in heads.items()])
+        if heads:
+            c.executemany(_UPSERT_HEAD, [(sid.hex, *head) for sid, head in heads.items()])
         return ids
 
     def insert_events(

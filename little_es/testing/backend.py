@@ -578,17 +578,19 @@ class BackendTestCase(WorldTestCase):
         self.assertLessEqual({r.topic for r in rows}, {Snapshot.wire_name})
         return [r.originator_version for r in rows]
 
-    def _spy_event_reads(self, world: World) -> list[int | None]:
-        """Record the version each stream read starts after (None: from the first event)."""
-        real_select = world._select
-        starts: list[int | None] = []
+    def _spy_decodes(self, world: World) -> dict[UUID, list[int]]:
+        """Record the versions of each stream's events a load decodes (snapshots aside)."""
+        mapper = world._mapper
+        real_decode = mapper.decode_payload
+        decoded: dict[UUID, list[int]] = {}
 
-        def select(stream_id: UUID, after: int | None) -> Any:
-            starts.append(after)
-            return real_select(stream_id, after)
+        def decode(stream_id: UUID, version: int, topic: str, data: bytes) -> Any:
+            if topic != Snapshot.wire_name:
+                decoded.setdefault(stream_id, []).append(version)
+            return real_decode(stream_id, version, topic, data)
 
-        self.enterContext(mock.patch.object(world, "_select", select))
-        return starts
+        self.enterContext(mock.patch.object(mapper, "decode_payload", decode))
+        return decoded
 
     def test_snapshots_are_written_and_loads_equal_a_full_fold(self) -> None:
         run_interval, session_interval = 4, 5
@@ -639,14 +641,17 @@ class BackendTestCase(WorldTestCase):
         self.assertEqual(run_snaps, [len(run_events)])
         self.assertEqual(session_snaps, _doublings([0, *saved_at[session.id]], session_interval))
         self.assertEqual(session_snaps, [5, 10, 20])
-        # A load reads at most the later half of the stream after its snapshot.
+        # A load decodes at most the later half of the stream, after its snapshot (it
+        # reads and verifies the whole stream's rows).
         self.assertGreaterEqual(session_snaps[-1], len(session_events) / 2)
 
-        starts = self._spy_event_reads(world)
+        decoded = self._spy_decodes(world)
         loaded_run = world.load_run("run_snap")
         loaded_session = world.load_session(session.id)
-        # From the event each snapshot stands for, to check the snapshot stands on it.
-        self.assertEqual(starts, [run_snaps[-1] - 1, session_snaps[-1] - 1])
+        self.assertEqual(decoded.get(run.id, []), [])
+        self.assertEqual(
+            decoded[session.id], list(range(session_snaps[-1] + 1, len(session_events) + 1))
+        )
 
         self.assertEqual(loaded_run.version, len(run_events))
         self.assertEqual(loaded_run.run_id, "run_snap")
