@@ -41,7 +41,8 @@ handle a family::
     │   ├── ParallelReplayMismatchError
     │   ├── CapabilityDriftError
     │   ├── RunInputMismatchError
-    │   └── ConversationDivergedError
+    │   ├── ConversationDivergedError
+    │   └── LeaseLostError                   this process no longer holds the run's lease
     ├── ModelError                           a model provider call failed
     └── ToolError
         └── ToolArgumentsError (ValueError)
@@ -282,6 +283,17 @@ class ConversationDivergedError(RuntimeIntegrityError):
     """
 
     retryable = False
+
+
+class LeaseLostError(RuntimeIntegrityError):
+    """This process no longer holds the lease of the run it drives; it stopped before running more.
+
+    Checked before every step, model call and tool call and before every
+    append: the lease's PostgreSQL connection died (idle timeout, proxy,
+    network, ``little unlock --force``) or its SQLite lock file was removed or
+    replaced. Another process may be driving the run now; this one records
+    nothing more. Resume the run (in one process) once the other has stopped.
+    """
 
 
 # ------------------------------------------------------ models and tools
