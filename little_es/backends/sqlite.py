@@ -291,7 +291,7 @@ class FileRunLeases(RunLeases):
         except FileNotFoundError:
             return f"its lock file {token.path} was removed"
         if current != token.inode:
-            return f"its lock file {token.path} was replaced (little unlock --force?)"
+            return f"its lock file {token.path} was replaced"
         return None
 
     def _probe(self, path: Path) -> str | None:
