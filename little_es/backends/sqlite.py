@@ -231,6 +231,8 @@ class FileArtifactStore(ArtifactStore):
 class _FileLease(NamedTuple):
     fd: int
     path: Path
+    name: str
+    """``path`` as a string."""
     inode: tuple[int, int]
     """(st_dev, st_ino) of the file locked."""
 
@@ -279,7 +281,7 @@ class FileRunLeases(RunLeases):
                 return None
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
-            return _FileLease(fd, path, inode)
+            return _FileLease(fd, path, str(path), inode)
 
     def _release(self, token: _FileLease) -> None:
         fcntl.flock(token.fd, fcntl.LOCK_UN)
@@ -287,10 +289,11 @@ class FileRunLeases(RunLeases):
 
     def _lost(self, token: _FileLease) -> str | None:
         try:
-            current = _inode(token.path.stat())
+            # os.stat of a str: called before every call and append, Path.stat costs more.
+            st = os.stat(token.name)  # noqa: PTH116
         except FileNotFoundError:
             return f"its lock file {token.path} was removed"
-        if current != token.inode:
+        if st.st_ino != token.inode[1] or st.st_dev != token.inode[0]:
             return f"its lock file {token.path} was replaced"
         return None
 

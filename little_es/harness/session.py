@@ -24,8 +24,9 @@ and continues it. Each call is looked up in the recorded session first: a model
 call with a recorded response and a tool call with a recorded result are
 answered from the log (and the rebuilt conversation is checked against the
 recorded hash chain); only the call that was in flight at the crash is made
-again, with the same messages or the same arguments. Before each model and
-tool call (and each append) the process confirms it still holds the run's
+again, with the same messages or the same arguments. Before each append (so
+before each model call and each batch of tool calls, which follow the commit
+of their write-ahead records) the process confirms it still holds the run's
 lease (:func:`~little_es.backends.base.check_leases`): one that lost it stops
 with :class:`~little_es.errors.LeaseLostError` before calling anything more.
 A call is made at most once per process that resumes; a crash between invoking a tool and recording
@@ -257,8 +258,10 @@ class _SessionLoop:
         self.replayed_tool_calls = 0
 
     def _save(self) -> None:
-        # A driver that lost its lease appends nothing more; the version check
-        # fences the moment between this check and the commit.
+        # A driver that lost its lease appends nothing more (the version check
+        # fences the moment between this check and the commit), and since every
+        # model call and batch of tool calls follows the save of its write-ahead
+        # record, calls nothing more either.
         check_leases()
         self.world.save(self.session)
 
@@ -323,8 +326,8 @@ class _SessionLoop:
         request = ModelRequest.model_construct(
             messages=tuple(self.conversation), tools=self.tool_specs, parameters=self.parameters
         )
-        # Nothing is called by a process that no longer holds the run's lease.
-        check_leases()
+        # The lease was checked by the save of this turn's harness.model.called,
+        # the commit just before this call.
         self.model_calls_made += 1
         response = await self.model.complete(request)
         if not isinstance(response, ModelResponse):
@@ -436,9 +439,10 @@ class _SessionLoop:
 
     async def _invoke(self, started: ToolCallStarted) -> None:
         tool = self.tools.get(started.name)
+        # The lease was checked by the save of the batch's tool_call.started
+        # records, the commit just before the calls start.
+        self.tool_calls_made += 1
         try:
-            check_leases()
-            self.tool_calls_made += 1
             if tool is None:
                 raise ToolError(
                     f"no tool named {started.name!r}; the tools are:"
