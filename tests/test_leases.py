@@ -24,14 +24,16 @@ from typing import Any
 
 import orjson
 import pytest
+from typer.testing import CliRunner
 
+from little_es.cli import app
 from little_es.durability import RunRecorder
 from little_es.engine.local import run_workflow
 from little_es.errors import ConcurrencyConflictError, LeaseLostError
 from little_es.events import RunFailed, StepFailed
 from little_es.harness.model import ScriptedModel, ScriptedReply
 from little_es.harness.tools import ToolContext, tool
-from little_es.ids import session_stream_id
+from little_es.ids import session_stream_id, step_lease_id
 from little_es.replay import replay_run
 from little_es.values import ToolCall, Usage
 from little_es.workflow.authoring import Workflow, agent, task
@@ -338,3 +340,27 @@ async def test_a_lost_lease_is_a_refusal_and_the_same_session_continues(world: W
     assert model.calls == 2
     assert ledger[ledger_before:] == ["tool c1", "step publish"]
     assert replay_run(world, "run_lossy").state.steps["agent"].attempts == 1
+
+
+@pytest.mark.backends("sqlite")
+def test_unlock_takes_the_leases_of_a_runs_steps_in_flight(
+    world: World, world_spec: WorldSpec
+) -> None:
+    """A Temporal worker holds a lease per step: `little unlock` finds the steps in flight."""
+    recorder = RunRecorder.start(
+        world, run_id="run_steps", workflow_id="w", workflow_version="1", ir_hash="h", input={}
+    )
+    recorder.step_started("a", step_id="a", kind="task", visit=1, attempt=1)
+    with world.run_lease(step_lease_id("run_steps", "a")) as step_lease:
+        shown = CliRunner().invoke(app, ["unlock", "run_steps", "--world", world_spec.url])
+        assert shown.exit_code == 1
+        assert f"step a of run run_steps: its lease is held by pid {os.getpid()}" in shown.stdout
+        taken = CliRunner().invoke(
+            app, ["unlock", "run_steps", "--force", "--world", world_spec.url]
+        )
+        assert taken.exit_code == 0, taken.output
+        assert "step a of run run_steps: took the lease" in taken.stdout
+        with pytest.raises(LeaseLostError):
+            step_lease.check()
+    again = CliRunner().invoke(app, ["unlock", "run_steps", "--world", world_spec.url])
+    assert again.exit_code == 0 and "no process holds its lease" in again.stdout
