@@ -18,18 +18,22 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
+import psycopg
 import pytest
+from psycopg import sql
 from typer.testing import CliRunner
 
+from little_es.backends.postgres import PostgresRunLeases
 from little_es.cli import app
 from little_es.durability import RunRecorder
 from little_es.engine.local import run_workflow
-from little_es.errors import ConcurrencyConflictError, LeaseLostError
+from little_es.errors import ConcurrencyConflictError, LeaseLostError, WorldConfigError
 from little_es.events import RunFailed, StepFailed
 from little_es.harness.model import ScriptedModel, ScriptedReply
 from little_es.harness.tools import ToolContext, tool
@@ -364,3 +368,28 @@ def test_unlock_takes_the_leases_of_a_runs_steps_in_flight(
             step_lease.check()
     again = CliRunner().invoke(app, ["unlock", "run_steps", "--world", world_spec.url])
     assert again.exit_code == 0 and "no process holds its lease" in again.stdout
+
+
+@pytest.mark.backends("postgres")
+def test_unlock_without_the_right_to_terminate_the_holder_says_so(
+    world: World, world_spec: WorldSpec
+) -> None:
+    assert world_spec.schema is not None
+    role = f"little_es_test_{uuid.uuid4().hex[:8]}"
+    with world_spec.connect_postgres() as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(world_spec.dsn)
+        restricted = PostgresRunLeases(
+            f"dbname={info['dbname']} host={info.get('host', '127.0.0.1')}"
+            f" port={info.get('port', 5432)} user={role}",
+            scope=world_spec.schema,
+        )
+        with world.run_lease("run_held") as lease:
+            assert restricted.holder("run_held") is not None
+            with pytest.raises(WorldConfigError, match="pg_signal_backend"):
+                restricted.break_lease("run_held")
+            lease.check()
+    finally:
+        with world_spec.connect_postgres() as conn:
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))

@@ -58,6 +58,7 @@ from little_es.backends.base import (
     load_state,
     oldest_first,
 )
+from little_es.errors import WorldConfigError
 from little_es.materialize import MaterializedRunState
 
 
@@ -341,8 +342,14 @@ class PostgresRunLeases(RunLeases):
     def _break(self, key: UUID) -> str | None:
         with psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5) as conn:
             holders = self._holders(conn, key)
-            for pid, _ in holders:
-                conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            for pid, holder in holders:
+                try:
+                    conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                except psycopg.errors.InsufficientPrivilege as exc:
+                    raise WorldConfigError(
+                        f"cannot take the lease from {holder}: {str(exc).strip()}; connect as"
+                        " the holder's role, a member of pg_signal_backend, or a superuser"
+                    ) from exc
             # The lock is released once the backend has exited, a moment after the signal.
             deadline = time.monotonic() + 10
             while holders and self._holders(conn, key) and time.monotonic() < deadline:
