@@ -812,24 +812,29 @@ class BackendTestCase(WorldTestCase):
         self.assertIsNone(other.break_lease("run_lease"), "nobody held it")
         self.assertIsNone(other.lease_holder("run_lease"))
         check_leases()  # outside every lease: nothing to check
-        with world.run_lease("run_lease") as lease:
+        stale_block = world.run_lease("run_lease")
+        lease = stale_block.__enter__()
+        lease.check()
+        check_leases()
+        self.assertIsNotNone(other.lease_holder("run_lease"))
+        self.assertIsNotNone(other.break_lease("run_lease"))
+        with self.assertRaisesRegex(LeaseLostError, "run_lease"):
             lease.check()
+        with self.assertRaisesRegex(LeaseLostError, "run_lease"):
             check_leases()
-            self.assertIsNotNone(other.lease_holder("run_lease"))
-            self.assertIsNotNone(other.break_lease("run_lease"))
-            with self.assertRaisesRegex(LeaseLostError, "run_lease"):
+        with other.run_lease("run_lease") as taken:
+            taken.check()
+            with self.assertRaises(LeaseLostError):
                 lease.check()
-            with self.assertRaisesRegex(LeaseLostError, "run_lease"):
-                check_leases()
-            with other.run_lease("run_lease") as taken:
-                taken.check()
-                with (
-                    self.assertRaises(ConcurrentRunError),
-                    world.run_lease("run_lease"),
-                ):
-                    self.fail("the stale holder got the lease back")
-                with self.assertRaises(LeaseLostError):
-                    lease.check()
+            # The stale holder stops and gives back what it held: not the new lease.
+            stale_block.__exit__(None, None, None)
+            taken.check()
+            self.assertIsNotNone(other.lease_holder("run_lease"))
+            with (
+                self.assertRaises(ConcurrentRunError),
+                world.run_lease("run_lease"),
+            ):
+                self.fail("the stale holder got the lease back")
         self.assertIsNone(other.lease_holder("run_lease"))
         with world.run_lease("run_lease") as again:
             again.check()
