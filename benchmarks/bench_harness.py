@@ -8,11 +8,13 @@ Run from the repository root::
 What it measures, all in one process and one run:
 
 * **Recording overhead** per model call and per tool call, on SQLite and
-  PostgreSQL: a scripted session of ``--turns`` turns, each calling ``k``
-  tools, through :func:`run_agent_session`, against the same loop with no
-  recording (same model, same tools, same request building). The extra time
-  per turn is ``model + k * tool``; measured at ``k = 1`` and ``k = 5`` it
-  gives both. Medians over ``--repeats`` sessions.
+  PostgreSQL, under the run's lease as ``run_workflow`` holds it (its check
+  before every call and append included; ``--no-lease`` leaves it out): a
+  scripted session of ``--turns`` turns, each calling ``k`` tools, through
+  :func:`run_agent_session`, against the same loop with no recording (same
+  model, same tools, same request building). The extra time per turn is
+  ``model + k * tool``; measured at ``k = 1`` and ``k = 5`` it gives both.
+  Medians over ``--repeats`` sessions.
 * **Fast-forward** per replayed call: ``run_agent_session`` on a completed
   session (every call answered from the log) minus loading the session, per
   replayed model or tool call; and loading the session, per event.
@@ -35,7 +37,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +67,8 @@ from little_es.ids import session_stream_id
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 STEP = "agent"
+_HOLD_LEASE = True
+"""Whether the recording overhead is measured under a held run lease (``--no-lease``: not)."""
 SYSTEM = "You are a benchmark."
 PROMPT = "Run the benchmark."
 
@@ -151,7 +155,10 @@ async def recording_overhead(world: World, turns: int, repeats: int) -> tuple[fl
     for _ in range(repeats):
         for k, overheads in per_turn.items():
             run_id = f"bench_{uuid.uuid4().hex[:12]}"
-            rec = await _timed(lambda: _recorded(world, run_id, _model(turns, k), turns + 1))  # noqa: B023
+            # As run_workflow does: the session runs under the run's lease, checked
+            # before every model call, tool call and append (taken outside the timing).
+            with world.run_lease(run_id) if _HOLD_LEASE else nullcontext():
+                rec = await _timed(lambda: _recorded(world, run_id, _model(turns, k), turns + 1))  # noqa: B023
             bare = await _timed(lambda: _bare(_model(turns, k), [ECHO], turns + 1))  # noqa: B023
             overheads.append((rec - bare) / turns)
     # A turn costs model + k * tool: two values of k give both.
@@ -288,7 +295,14 @@ def main() -> None:
     parser.add_argument(
         "--postgres", default=DEFAULT_DSN, help="PostgreSQL URL ('' to skip PostgreSQL)"
     )
+    parser.add_argument(
+        "--no-lease",
+        action="store_true",
+        help="record without holding the run's lease (so without its checks)",
+    )
     args = parser.parse_args()
+    global _HOLD_LEASE
+    _HOLD_LEASE = not args.no_lease
     configure_logging(level="WARNING")
     asyncio.run(_main(args))
 

@@ -3,7 +3,7 @@
 The public API is re-exported here; everything else is internal. See the README.
 """
 
-from little_es.backends.base import RunSummary
+from little_es.backends.base import Lease, RunSummary, check_leases
 from little_es.domain import HarnessSession, OuterLoop, Run
 from little_es.engine.local import RunResult, run_workflow
 from little_es.errors import (
@@ -20,6 +20,7 @@ from little_es.errors import (
     InvalidBranchSetError,
     InvalidRunIdError,
     InvalidStepPathError,
+    LeaseLostError,
     LittleEsError,
     LoggingConfigError,
     LogTamperedError,
@@ -144,6 +145,8 @@ __all__ = [
     "InvalidBranchSetError",
     "InvalidRunIdError",
     "InvalidStepPathError",
+    "Lease",
+    "LeaseLostError",
     "LittleEsError",
     "LogTamperedError",
     "LoggingConfigError",
@@ -221,6 +224,7 @@ __all__ = [
     "WorldIntegrityError",
     "agent",
     "apply",
+    "check_leases",
     "configure_logging",
     "decision",
     "get_logger",

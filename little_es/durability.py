@@ -18,6 +18,9 @@ by calling :class:`RunRecorder`:
 
 Each ``commit`` is one transaction; a process that loses the race for a
 stream's next version stops with :class:`~little_es.errors.ConcurrencyConflictError`.
+Before each, the process confirms it still holds the run's lease
+(:func:`~little_es.backends.base.check_leases`), and stops with
+:class:`~little_es.errors.LeaseLostError` if it lost it.
 
 What a power cut may take: a commit that holds a result (``StepCompleted``,
 ``StepFailed``, ``RunStarted``...) is fsynced before the engine goes on (on
@@ -42,6 +45,7 @@ from uuid import UUID
 import orjson
 from pydantic import BaseModel
 
+from little_es.backends.base import check_leases
 from little_es.domain import Run
 from little_es.errors import OutputNotSerializableError, RunNotFoundError
 from little_es.events import (
@@ -170,6 +174,9 @@ class RunRecorder:
         return orjson.loads(data), output_ref
 
     def _commit(self, event_class: type[Event], **fields: Any) -> None:
+        # A driver that lost its lease appends nothing more (the version check
+        # fences the moment between this check and the commit).
+        check_leases()
         event = self.run.trigger(event_class, **fields)
         self.world.save(self.run)
         if self._observer is not None:

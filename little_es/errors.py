@@ -43,7 +43,8 @@ handle a family::
     │   ├── RunInputMismatchError
     │   ├── ConversationDivergedError
     │   ├── LogTamperedError                 a stream's hash chain is broken
-    │   └── WorldIntegrityError              the database is not this world's
+    │   ├── WorldIntegrityError              the database is not this world's
+    │   └── LeaseLostError                   this process no longer holds the run's lease
     ├── ModelError                           a model provider call failed
     └── ToolError
         └── ToolArgumentsError (ValueError)
@@ -300,6 +301,17 @@ class WorldIntegrityError(RuntimeIntegrityError):
 
     Raised instead of treating the world as new (which would run every step
     again) or surfacing a raw driver error.
+    """
+
+
+class LeaseLostError(RuntimeIntegrityError):
+    """This process no longer holds the lease of the run it drives; it stopped before running more.
+
+    Checked before every step, model call and tool call and before every
+    append: the lease's PostgreSQL connection died (idle timeout, proxy,
+    network, ``little unlock --force``) or its SQLite lock file was removed or
+    replaced. Another process may be driving the run now; this one records
+    nothing more. Resume the run (in one process) once the other has stopped.
     """
 
 

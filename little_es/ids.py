@@ -8,6 +8,7 @@ same run id always names the same streams, in every process and backend.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import uuid
 
@@ -72,3 +73,14 @@ def world_stream_id() -> uuid.UUID:
 def outer_loop_stream_id(outer_loop_id: str) -> uuid.UUID:
     """The UUID of the ``OuterLoop`` aggregate for ``outer_loop_id`` (validated like a run id)."""
     return uuid.uuid5(_NAMESPACE, "outer_loop:" + validate_run_id(outer_loop_id))
+
+
+def step_lease_id(run_id: str, step_path: str) -> str:
+    """The lease key of one step (spelled as a run id), held while an engine runs that step.
+
+    The Temporal adapter takes it around every step activity, so two attempts of
+    one step never run at once; ``little unlock RUN_ID --force`` breaks the
+    leases of a run's steps in flight with the run's own.
+    """
+    digest = hashlib.sha256(f"{validate_run_id(run_id)}\x00{step_path}".encode()).hexdigest()
+    return f"step-{digest[:40]}"

@@ -36,7 +36,7 @@ from eventsourcing.application import Application
 from eventsourcing.persistence import IntegrityError, StoredEvent
 from eventsourcing.utils import get_topic
 
-from little_es.backends.base import Backend
+from little_es.backends.base import Backend, Lease
 from little_es.backends.memory import MemoryBackend
 from little_es.backends.sqlite import SQLiteBackend, Synchronous
 from little_es.chain import (
@@ -555,9 +555,21 @@ class World:
             )
         return event
 
-    def run_lease(self, run_id: str) -> AbstractContextManager[None]:
+    def run_lease(self, run_id: str) -> AbstractContextManager[Lease]:
         """Hold the exclusive lease on ``run_id`` (:class:`~little_es.backends.base.RunLeases`)."""
         return self.leases.hold(validate_run_id(run_id))
+
+    def lease_holder(self, run_id: str) -> str | None:
+        """Who holds the lease on ``run_id`` (pid and host), or None when no process does."""
+        return self.leases.holder(validate_run_id(run_id))
+
+    def break_lease(self, run_id: str) -> str | None:
+        """Take the lease on ``run_id`` from a stuck holder (``little unlock --force``).
+
+        Returns who held it, or None when nobody did. See
+        :meth:`~little_es.backends.base.RunLeases.break_lease`.
+        """
+        return self.leases.break_lease(validate_run_id(run_id))
 
 
 # ---------------------------------------------------------------------- opening

@@ -44,7 +44,7 @@ def test_the_temporal_adapter_is_an_entry_point_of_the_cli_group() -> None:
 def test_help_lists_every_command_including_the_worker() -> None:
     result = CliRunner().invoke(app, ["--help"])
     assert result.exit_code == 0, result.output
-    for command in ("report", "replay", "events", "runs", "run", "resume", "worker"):
+    for command in ("report", "replay", "events", "runs", "run", "resume", "unlock", "worker"):
         assert f" {command} " in result.stdout, command
     worker = CliRunner().invoke(app, ["worker", "--help"])
     assert worker.exit_code == 0, worker.output

@@ -48,7 +48,12 @@ from little_es.engine.local import run_workflow
 from little_es.errors import RunFailedError, VisitLimitError
 from little_es.events import Event, StepStarted
 from little_es.faults import CRASH_AFTER_EVENT
+from little_es.harness.model import ScriptedModel, ScriptedReply
+from little_es.harness.tools import ToolContext, tool
+from little_es.ids import step_lease_id
 from little_es.replay import replay_run
+from little_es.values import ToolCall, Usage
+from little_es.workflow.authoring import Workflow, agent
 from little_es.world import World, local_world
 
 pytestmark = [pytest.mark.temporal, pytest.mark.timeout(300)]
@@ -825,3 +830,42 @@ async def test_little_worker_command_serves_runs_until_sigterm(
             cli.wait()
     with local_world(tmp_path / "world") as world:
         assert replay_run(world, done.run_id).state.status == "completed"
+
+
+async def test_a_step_that_loses_its_lease_on_temporal_stops_and_its_retry_continues(
+    client: Client, tmp_path: Path
+) -> None:
+    """The lease checks run on Temporal too (the step's lease): the attempt that lost it
+    records nothing, and Temporal's retry continues the same session."""
+    calls: list[str] = []
+    model = ScriptedModel(
+        [
+            ScriptedReply(tool_calls=(ToolCall(id="c1", name="work", arguments={"n": 1}),)),
+            ScriptedReply(content="done", usage=Usage(input_tokens=3)),
+        ]
+    )
+    with local_world(tmp_path / "world") as world:
+
+        async def work(n: int, ctx: ToolContext) -> int:
+            """Work; the first call loses the step's lease while it runs."""
+            calls.append(ctx.call_id)
+            if len(calls) == 1:
+                assert world.break_lease(step_lease_id(ctx.run_id, ctx.step_path)) is not None
+            return n
+
+        flow = Workflow(
+            "lease_temporal",
+            version="1",
+            steps=[agent("agent", model=model, tools=[tool(work)], prompt="work")],
+        )
+        queue = _queue()
+        worker = create_worker(client, world, workflows=[flow], task_queue=queue)
+        async with worker:
+            handle = await start_run(client, flow, run_id="run_lease_temporal", task_queue=queue)
+            done = await asyncio.wait_for(handle.result(), 60)
+        assert done.output == "done"
+        # Turn 2 was not called by the attempt that lost the lease; the retry ran the
+        # call in flight (c1, its result never recorded) once more, then turn 2.
+        assert calls == ["c1", "c1"] and model.calls == 2
+        assert not _log_has(world, "run_lease_temporal", "StepFailed")
+        assert replay_run(world, "run_lease_temporal").state.steps["agent"].attempts == 1

@@ -10,6 +10,7 @@ from temporalio.exceptions import ApplicationError
 
 from little_es.errors import (
     ConcurrencyConflictError,
+    LeaseLostError,
     LittleEsError,
     RuntimeIntegrityError,
     WorkflowDefinitionError,
@@ -38,9 +39,10 @@ def non_retryable(exc: BaseException) -> bool:
     """Whether an error raised by the adapter itself (not by a step) must stop the run.
 
     Integrity and definition errors cannot heal by retrying; a lost race, a
-    busy lease or a database hiccup can.
+    busy lease, a lost lease (the next attempt takes a new one, and continues
+    the attempt in flight) or a database hiccup can.
     """
-    if isinstance(exc, ConcurrencyConflictError):
+    if isinstance(exc, ConcurrencyConflictError | LeaseLostError):
         return False
     if isinstance(exc, RuntimeIntegrityError | WorkflowDefinitionError | TemporalAdapterError):
         return True

@@ -2,10 +2,14 @@
 
 Around every ``little_es.run_step`` activity, :class:`LittleInterceptor`:
 
-1. takes the step's lease, so two attempts of one step never run at once (an
-   attempt that Temporal gave up on after a heartbeat timeout may still be
-   running on a live but stalled worker; the new attempt waits, retried by
-   Temporal, until it has finished);
+1. takes the step's lease (:func:`~little_es.ids.step_lease_id`), so two
+   attempts of one step never run at once (an attempt that Temporal gave up
+   on after a heartbeat timeout may still be running on a live but stalled
+   worker; the new attempt waits, retried by Temporal, until it has finished,
+   or until ``little unlock RUN_ID --force`` takes the lease from it). The
+   step's code, each of its model and tool calls and each append check that
+   lease first, as on the local engine: an attempt that lost it stops with
+   :class:`~little_es.errors.LeaseLostError`, retryably, recording nothing;
 2. returns the recorded result, without running anything, when the step
    already has a committed ``StepCompleted`` (a terminated workflow started
    again with the same run id, a reset, a duplicate delivery);
@@ -35,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -46,6 +49,7 @@ from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, 
 
 from little_es.engine.executor import Committed
 from little_es.errors import ConcurrentRunError
+from little_es.ids import step_lease_id
 from little_es.logging import get_logger
 from little_es.workflow.authoring import SubworkflowStep
 from little_es.world import World
@@ -118,16 +122,10 @@ class _LittleInbound(ActivityInboundInterceptor):
             raise to_application_error(exc) from exc
 
 
-def _step_lease_id(run_id: str, step_path: str) -> str:
-    # A lease key that names the step, spelled as a valid run id.
-    digest = hashlib.sha256(f"{run_id}\x00{step_path}".encode()).hexdigest()[:40]
-    return f"step-{digest}"
-
-
 @contextlib.contextmanager
 def _step_lease(world: World, run_id: str, step_path: str) -> Iterator[None]:
     try:
-        lease = world.run_lease(_step_lease_id(run_id, step_path))
+        lease = world.run_lease(step_lease_id(run_id, step_path))
         lease.__enter__()
     except ConcurrentRunError as exc:
         raise StepBusyError(

@@ -27,9 +27,11 @@ new one subclasses these ABCs in a module of its own and passes
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -40,7 +42,12 @@ from eventsourcing.persistence import Tracking, TrackingRecorder
 from pydantic import BaseModel, ConfigDict
 
 from little_es.chain import Head
-from little_es.errors import ArtifactIntegrityError, ArtifactNotFoundError, ConcurrentRunError
+from little_es.errors import (
+    ArtifactIntegrityError,
+    ArtifactNotFoundError,
+    ConcurrentRunError,
+    LeaseLostError,
+)
 from little_es.ids import run_stream_id, validate_run_id
 from little_es.materialize import MaterializedRunState, RunStatus
 from little_es.values import ArtifactRef, HydratedArtifact, UsageTotals
@@ -208,6 +215,49 @@ def _refused(run_id: str) -> ConcurrentRunError:
     )
 
 
+class Lease:
+    """A run's lease, held by this process: what :meth:`RunLeases.hold` yields.
+
+    :meth:`check` confirms, cheaply, that it is still held: a lease can be lost
+    while its holder lives (a PostgreSQL connection closed by an idle timeout,
+    a proxy or ``little unlock --force``; a SQLite lock file removed or
+    replaced), and a second process may then take the run. The engines check
+    every lease of the current context (:func:`check_leases`) before each
+    step, model call and tool call, and before each append.
+    """
+
+    __slots__ = ("_lost", "_released", "run_id")
+
+    def __init__(self, run_id: str, lost: Callable[[], str | None]) -> None:
+        self.run_id = run_id
+        self._lost = lost
+        self._released = False
+
+    def check(self) -> None:
+        """Return if the lease is still held; raise :class:`~little_es.errors.LeaseLostError`."""
+        reason = "it was released by its holder" if self._released else self._lost()
+        if reason is not None:
+            raise LeaseLostError(
+                f"run {self.run_id!r}: this process lost its lease ({reason}) and stopped"
+                " before running anything more; another process may be driving the run:"
+                " resume it (in one process) once that one has stopped"
+            )
+
+
+_GUARDING: ContextVar[tuple[Lease, ...]] = ContextVar("little_es_leases", default=())
+
+
+def check_leases() -> None:
+    """Check every lease held around the running code (the run's, a parent run's, a step's).
+
+    Raises :class:`~little_es.errors.LeaseLostError` if one was lost. Outside
+    any lease (a harness session run on its own), it checks nothing. A tool or
+    step that is about to do something long or costly may call it too.
+    """
+    for lease in _GUARDING.get():
+        lease.check()
+
+
 class RunLeases(ABC):
     """Exclusive, non-blocking leases on runs: at most one process makes progress on a run.
 
@@ -217,18 +267,42 @@ class RunLeases(ABC):
     a second process that asks for the same lease is refused at once with
     :class:`~little_es.errors.ConcurrentRunError`, before it runs anything.
     Leases die with their holder: a killed process never leaves a run locked.
+    A live holder can lose its lease; it learns so from :meth:`Lease.check`.
     """
 
     @contextlib.contextmanager
-    def hold(self, run_id: str) -> Iterator[None]:
-        """Hold the lease on ``run_id`` for the ``with`` block, or raise ConcurrentRunError."""
+    def hold(self, run_id: str) -> Iterator[Lease]:
+        """Hold the lease on ``run_id`` for the ``with`` block, or raise ConcurrentRunError.
+
+        Inside the block, :func:`check_leases` checks it (in this context and
+        the tasks and threads started from it).
+        """
         token = self._acquire(run_stream_id(run_id))
         if token is None:
             raise _refused(run_id)
+        lease = Lease(run_id, functools.partial(self._lost, token))
+        _GUARDING.set((*_GUARDING.get(), lease))
         try:
-            yield
+            yield lease
         finally:
+            lease._released = True
+            # Not ContextVar.reset: the block may end in another context than it began.
+            _GUARDING.set(tuple(held for held in _GUARDING.get() if held is not lease))
             self._release(token)
+
+    def holder(self, run_id: str) -> str | None:
+        """Who holds the lease on ``run_id`` (a description), or None when it is free."""
+        return self._holder(run_stream_id(run_id))
+
+    def break_lease(self, run_id: str) -> str | None:
+        """Take the lease on ``run_id`` away from its holder; who held it, or None if nobody.
+
+        For a driver that is alive but stuck: it keeps running what it was
+        running, but its next :meth:`Lease.check` raises
+        :class:`~little_es.errors.LeaseLostError`, and any append it still
+        makes after a new driver appended fails the stream's version check.
+        """
+        return self._break(run_stream_id(run_id))
 
     @abstractmethod
     def _acquire(self, key: UUID) -> Any | None:
@@ -237,6 +311,18 @@ class RunLeases(ABC):
     @abstractmethod
     def _release(self, token: Any) -> None:
         """Give the lease back."""
+
+    @abstractmethod
+    def _lost(self, token: Any) -> str | None:
+        """Why the lease ``token`` is no longer held, or None while it is. Called often: cheap."""
+
+    @abstractmethod
+    def _holder(self, key: UUID) -> str | None:
+        """A description of the lease's holder, or None when nobody holds it."""
+
+    @abstractmethod
+    def _break(self, key: UUID) -> str | None:
+        """Make the holder lose the lease (its description), or None when nobody held it."""
 
 
 # -------------------------------------------------------------- runs read model

@@ -107,22 +107,35 @@ class MemoryArtifactStore(ArtifactStore):
 
 
 class MemoryRunLeases(RunLeases):
-    """Leases within one process."""
+    """Leases within one process; each grant is a new token, so a broken one stays lost."""
 
     def __init__(self) -> None:
-        self._held: set[UUID] = set()
+        self._held: dict[UUID, object] = {}
         self._lock = threading.Lock()
 
-    def _acquire(self, key: UUID) -> UUID | None:
+    def _acquire(self, key: UUID) -> tuple[UUID, object] | None:
         with self._lock:
             if key in self._held:
                 return None
-            self._held.add(key)
-            return key
+            grant = self._held[key] = object()
+            return key, grant
 
-    def _release(self, token: UUID) -> None:
+    def _release(self, token: tuple[UUID, object]) -> None:
+        key, grant = token
         with self._lock:
-            self._held.discard(token)
+            if self._held.get(key) is grant:
+                del self._held[key]
+
+    def _lost(self, token: tuple[UUID, object]) -> str | None:
+        key, grant = token
+        return None if self._held.get(key) is grant else "it was broken"
+
+    def _holder(self, key: UUID) -> str | None:
+        return "this process" if key in self._held else None
+
+    def _break(self, key: UUID) -> str | None:
+        with self._lock:
+            return "this process" if self._held.pop(key, None) is not None else None
 
 
 class MemoryRunsView(POPOTrackingRecorder, RunsView):

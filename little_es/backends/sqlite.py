@@ -28,12 +28,13 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import socket
 import sqlite3
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 from uuid import UUID
 
 import orjson
@@ -360,25 +361,104 @@ class FileArtifactStore(ArtifactStore):
 # ----------------------------------------------------------------------- leases
 
 
+class _FileLease(NamedTuple):
+    fd: int
+    path: Path
+    name: str
+    """``path`` as a string."""
+    inode: tuple[int, int]
+    """(st_dev, st_ino) of the file locked."""
+
+
+def _inode(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
 class FileRunLeases(RunLeases):
-    """``flock`` on one file per run; the kernel drops it when the holder dies."""
+    """``flock`` on one file per run; the kernel drops it when the holder dies.
+
+    The lease is held while the lock file at the run's path is the file this
+    process locked (same device and inode): :meth:`_break` replaces the file
+    with a new one (an atomic rename), so the stuck holder's next check sees
+    another inode, and a new driver locks the new file. The holder writes its
+    pid and host into the file, for ``little unlock`` to show.
+    """
 
     def __init__(self, directory: Path) -> None:
         self._directory = directory
         directory.mkdir(parents=True, exist_ok=True)
 
-    def _acquire(self, key: UUID) -> int | None:
-        fd = os.open(self._directory / f"{key.hex}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        return fd
+    def _path(self, key: UUID) -> Path:
+        return self._directory / f"{key.hex}.lock"
 
-    def _release(self, token: int) -> None:
-        fcntl.flock(token, fcntl.LOCK_UN)
-        os.close(token)
+    def _acquire(self, key: UUID) -> _FileLease | None:
+        path = self._path(key)
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                locked = True
+            except BlockingIOError:
+                locked = False
+            inode = _inode(os.fstat(fd))
+            try:
+                current = _inode(path.stat())
+            except FileNotFoundError:
+                current = None
+            if current != inode:
+                # Replaced (broken) between our open and our lock: the lease is the new file.
+                os.close(fd)
+                continue
+            if not locked:
+                os.close(fd)
+                return None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+            return _FileLease(fd, path, str(path), inode)
+
+    def _release(self, token: _FileLease) -> None:
+        fcntl.flock(token.fd, fcntl.LOCK_UN)
+        os.close(token.fd)
+
+    def _lost(self, token: _FileLease) -> str | None:
+        try:
+            # os.stat of a str: called before every call and append, Path.stat costs more.
+            st = os.stat(token.name)  # noqa: PTH116
+        except FileNotFoundError:
+            return f"its lock file {token.path} was removed"
+        if st.st_ino != token.inode[1] or st.st_dev != token.inode[0]:
+            return f"its lock file {token.path} was replaced"
+        return None
+
+    def _probe(self, path: Path) -> str | None:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 256, 0).decode(errors="replace").strip()
+                return holder or "a process that has not written its pid yet"
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            os.close(fd)
+
+    def _holder(self, key: UUID) -> str | None:
+        return self._probe(self._path(key))
+
+    def _break(self, key: UUID) -> str | None:
+        path = self._path(key)
+        holder = self._probe(path)
+        if holder is None:
+            return None
+        fd, tmp = tempfile.mkstemp(dir=self._directory, prefix=".tmp-", suffix=".lock")
+        os.close(fd)
+        Path(tmp).chmod(0o644)
+        Path(tmp).replace(path)
+        return holder
 
 
 # -------------------------------------------------------------- runs read model

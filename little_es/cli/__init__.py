@@ -6,6 +6,8 @@ plugins' in :func:`_register_plugins`:
 * ``little report | replay | events | runs | verify`` - read-only views of the log
   (:mod:`little_es.cli.inspection`);
 * ``little run | resume`` - drive a workflow (:mod:`little_es.cli.run`);
+* ``little unlock`` - who holds a run's lease; ``--force`` takes it from a
+  stuck holder (:mod:`little_es.cli.unlock`);
 * commands of optional extras, found through the entry point group
   :data:`PLUGIN_GROUP`: ``little worker`` comes from the Temporal adapter
   (``little_es_temporal.cli``). When an extra is not installed its commands
@@ -36,7 +38,7 @@ from eventsourcing.persistence import PersistenceError
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from little_es.cli import inspection, run
+from little_es.cli import inspection, run, unlock
 from little_es.errors import LittleEsError
 
 __all__ = ["OPTIONAL_COMMANDS", "PLUGIN_GROUP", "app"]
@@ -151,6 +153,7 @@ def _register(app: typer.Typer) -> None:
     app.command("verify")(inspection.verify_command)
     app.command("run")(run.run_command)
     app.command("resume")(run.resume_command)
+    app.command("unlock")(unlock.unlock_command)
 
 
 _register(app)

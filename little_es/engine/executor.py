@@ -27,6 +27,11 @@ as ``StepFailed``/``RunFailed``, never consumes a retry, and never makes the nex
 resume start a new attempt (a new harness session). Once the cause is fixed, the
 attempt in flight continues and every committed call fast-forwards.
 
+:class:`~little_es.errors.LeaseLostError` is such a refusal: before a step's
+code (or a group's ``branches``) runs, and before every append, the process
+confirms it still holds its lease (:func:`~little_es.backends.base.check_leases`:
+the run's lease on the local engine, the step's on Temporal).
+
 Parallel groups (:meth:`~StepExecutor.schedule_group`,
 :meth:`~StepExecutor.complete_group`), sub-runs (:meth:`~StepExecutor.sub_run`),
 and the run's start, end and failure (:func:`open_run`,
@@ -43,6 +48,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeAlias, TypeVar
 
 from little_es._frozen import freeze
+from little_es.backends.base import check_leases
 from little_es.durability import RunRecorder, encode_output, normalize_output, read_output
 from little_es.engine.integrity import (
     assert_completed_parallel_replay_matches_input,
@@ -382,6 +388,8 @@ class StepExecutor:
         except a :class:`~little_es.errors.RuntimeIntegrityError`, which
         propagates: it is a refusal (see :mod:`little_es.engine.executor`).
         """
+        # A process that lost the run's lease starts nothing more (LeaseLostError, a refusal).
+        check_leases()
         try:
             output = await code()
             next_step = None
@@ -455,6 +463,7 @@ class StepExecutor:
     ) -> dict[str, Any]:
         """The group's branch set, computed by its ``branches(ctx)`` from the run's data."""
         ctx = self.context(fold, group_path, 1)
+        check_leases()
         return group.branch_set(await call_maybe_async(group.branches, ctx))
 
     async def schedule_group(

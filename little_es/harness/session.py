@@ -24,8 +24,12 @@ and continues it. Each call is looked up in the recorded session first: a model
 call with a recorded response and a tool call with a recorded result are
 answered from the log (and the rebuilt conversation is checked against the
 recorded hash chain); only the call that was in flight at the crash is made
-again, with the same messages or the same arguments. A call is made at most
-once per process that resumes; a crash between invoking a tool and recording
+again, with the same messages or the same arguments. Before each append (so
+before each model call and each batch of tool calls, which follow the commit
+of their write-ahead records) the process confirms it still holds the run's
+lease (:func:`~little_es.backends.base.check_leases`): one that lost it stops
+with :class:`~little_es.errors.LeaseLostError` before calling anything more.
+A call is made at most once per process that resumes; a crash between invoking a tool and recording
 its result can repeat that one call, which is what
 :attr:`~little_es.harness.tools.ToolContext.idempotency_key` is for.
 
@@ -57,6 +61,7 @@ from uuid import UUID
 import orjson
 from pydantic import BaseModel, ConfigDict
 
+from little_es.backends.base import check_leases
 from little_es.domain import HarnessSession
 from little_es.errors import (
     ConversationDivergedError,
@@ -252,6 +257,14 @@ class _SessionLoop:
         self.replayed_model_calls = 0
         self.replayed_tool_calls = 0
 
+    def _save(self) -> None:
+        # A driver that lost its lease appends nothing more (the version check
+        # fences the moment between this check and the commit), and since every
+        # model call and batch of tool calls follows the save of its write-ahead
+        # record, calls nothing more either.
+        check_leases()
+        self.world.save(self.session)
+
     def _where(self, turn: int) -> str:
         return f"run {self.run_id!r} step {self.step_path!r} (attempt {self.attempt}) turn {turn}"
 
@@ -287,14 +300,14 @@ class _SessionLoop:
                 )
             # Committed before the model is called, in one transaction with what
             # nothing ran between: SessionStarted, or the previous turn's last result.
-            self.world.save(session)
+            self._save()
             response = await self._response(turn)
             usages.append(response.usage)
             self.conversation.append(response.as_message())
             if not response.tool_calls:
                 return self._complete(turn, response, _sum_usage(usages))
             if turn == self.max_turns:
-                self.world.save(session)
+                self._save()
                 raise TurnLimitExceededError(
                     f"{self._where(turn)}: the model still asked for tools"
                     f" ({', '.join(c.name for c in response.tool_calls)}) after max_turns="
@@ -313,6 +326,8 @@ class _SessionLoop:
         request = ModelRequest.model_construct(
             messages=tuple(self.conversation), tools=self.tool_specs, parameters=self.parameters
         )
+        # The lease was checked by the save of this turn's harness.model.called,
+        # the commit just before this call.
         self.model_calls_made += 1
         response = await self.model.complete(request)
         if not isinstance(response, ModelResponse):
@@ -352,7 +367,7 @@ class _SessionLoop:
                 self.tool_calls_made += 1
                 session.trigger(ToolCallFailed, call_id=call_id, error=refused)
         # The response and every start in one transaction, before any tool runs.
-        self.world.save(session)
+        self._save()
         pending = [session.tool_calls[c] for c in call_ids if c not in session.tool_results]
         self.replayed_tool_calls += len(call_ids) - len(pending)
         self._running = len(pending)
@@ -423,8 +438,10 @@ class _SessionLoop:
         return all(recorded.get(k, _MISSING) == v for k, v in call.arguments.items())
 
     async def _invoke(self, started: ToolCallStarted) -> None:
-        self.tool_calls_made += 1
         tool = self.tools.get(started.name)
+        # The lease was checked by the save of the batch's tool_call.started
+        # records, the commit just before the calls start.
+        self.tool_calls_made += 1
         try:
             if tool is None:
                 raise ToolError(
@@ -448,13 +465,13 @@ class _SessionLoop:
         # nothing runs between it and the next turn's harness.model.called, so
         # it rides in that transaction (one commit, often one fsync, per turn saved).
         if self._running:
-            self.world.save(self.session)
+            self._save()
 
     def _complete(self, turn: int, response: ModelResponse, usage: Usage) -> SessionOutcome:
         completed = self.session.completed
         if completed is None:
             self.session.trigger(SessionCompleted, usage=usage, turns=turn, output=response.content)
-            self.world.save(self.session)
+            self._save()
         elif completed.turns != turn:
             raise ConversationDivergedError(
                 f"{self._where(turn)}: the session is recorded completed after"

@@ -4,7 +4,8 @@ A backend (:mod:`little_es.backends`) passes these cases:
 
 * :class:`BackendTestCase` - the World on it: events round trip with their
   types, a run's log merges its sessions, concurrency conflicts write nothing,
-  snapshots at doubling versions, artifacts verified on read, leases, bad run
+  snapshots at doubling versions, artifacts verified on read, leases (and
+  their checks once broken), bad run
   ids refused, durability across close and reopen, insert-only storage;
 * eventsourcing's own recorder cases (:mod:`eventsourcing.tests.persistence`)
   run on the World's recorders: :class:`EventRecorderTestCase` (and
@@ -42,6 +43,7 @@ the abstract cases themselves. Hooks a backend may fill in to run more of
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import os
@@ -63,6 +65,7 @@ from uuid import UUID
 from eventsourcing.persistence import AggregateRecorder, ApplicationRecorder, TrackingRecorder
 from eventsourcing.tests import persistence
 
+from little_es.backends.base import check_leases
 from little_es.domain import HarnessSession, Run
 from little_es.errors import (
     ArtifactIntegrityError,
@@ -70,6 +73,7 @@ from little_es.errors import (
     ConcurrencyConflictError,
     ConcurrentRunError,
     InvalidRunIdError,
+    LeaseLostError,
     RunNotFoundError,
 )
 from little_es.events import (
@@ -273,6 +277,15 @@ def _entry_points(world: World, run_id: str) -> dict[str, Callable[[], object]]:
         "Run": lambda: Run(run_id, price_usage),
         "HarnessSession": lambda: HarnessSession(run_id, "s", 1),
     }
+
+
+async def _check_in_task() -> str:
+    await asyncio.sleep(0)
+    try:
+        check_leases()
+    except LeaseLostError as exc:
+        return type(exc).__name__
+    return "held"
 
 
 def _doublings(saved_versions: list[int], interval: int) -> list[int]:
@@ -797,6 +810,55 @@ class BackendTestCase(WorldTestCase):
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
+
+    def test_a_broken_lease_fails_its_check_and_a_new_holder_takes_the_run(self) -> None:
+        world = self.world
+        other = self.open_world() if self.persistent else world
+        self.assertIsNone(other.break_lease("run_lease"), "nobody held it")
+        self.assertIsNone(other.lease_holder("run_lease"))
+        check_leases()  # outside every lease: nothing to check
+        stale_block = world.run_lease("run_lease")
+        lease = stale_block.__enter__()
+        lease.check()
+        check_leases()
+        self.assertIsNotNone(other.lease_holder("run_lease"))
+        self.assertIsNotNone(other.break_lease("run_lease"))
+        with self.assertRaisesRegex(LeaseLostError, "run_lease"):
+            lease.check()
+        with self.assertRaisesRegex(LeaseLostError, "run_lease"):
+            check_leases()
+        with other.run_lease("run_lease") as taken:
+            taken.check()
+            with self.assertRaises(LeaseLostError):
+                lease.check()
+            # The stale holder stops and gives back what it held: not the new lease.
+            stale_block.__exit__(None, None, None)
+            taken.check()
+            self.assertIsNotNone(other.lease_holder("run_lease"))
+            with (
+                self.assertRaises(ConcurrentRunError),
+                world.run_lease("run_lease"),
+            ):
+                self.fail("the stale holder got the lease back")
+        self.assertIsNone(other.lease_holder("run_lease"))
+        with world.run_lease("run_lease") as again:
+            again.check()
+        with self.assertRaisesRegex(LeaseLostError, "released"):
+            again.check()
+
+    def test_a_lease_is_checked_in_the_tasks_of_its_holder_only(self) -> None:
+        world = self.world
+
+        async def main() -> tuple[str, str]:
+            with world.run_lease("run_lease"):
+                inside = asyncio.create_task(_check_in_task())
+                world.break_lease("run_lease")
+                held_by_task = await inside
+            # The block is over: this context no longer holds (or checks) the lease.
+            check_leases()
+            return held_by_task, "checked nothing"
+
+        self.assertEqual(asyncio.run(main()), ("LeaseLostError", "checked nothing"))
 
     # ------------------------------------------------------------ bad ids
 

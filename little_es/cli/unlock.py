@@ -1,0 +1,86 @@
+"""``little unlock <run-id> [--force]``: who holds a run's leases; taking them from a stuck driver.
+
+A driver that is alive but stuck (stopped, deadlocked, blocked on a call that
+never returns) keeps its lease, so nothing else can resume the run. The leases
+of a run are its own (the local engine's) and those of its steps in flight
+(the Temporal adapter's, one per step). Without ``--force`` the command says
+who holds them (pid and host) and exits 1 if anyone does; with ``--force`` it
+takes them away (SQLite: replaces the lock file, so the holder's next check
+sees another inode; PostgreSQL: terminates the server backend holding the
+advisory lock). The old holder stops with
+:class:`~little_es.errors.LeaseLostError` at its next check, before any
+further step, model call, tool call or append, and an append that raced past
+that check fails the stream's version check once the new driver has appended.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from little_es.cli.common import RunIdArgument, WorldOption, inspection_world
+from little_es.errors import LittleEsError
+from little_es.ids import step_lease_id, validate_run_id
+from little_es.replay import replay_run
+from little_es.world import World
+
+__all__ = ["unlock_command"]
+
+
+def _leases(world: World, run_id: str) -> list[tuple[str, str]]:
+    """(what, lease id) of the run and of each of its steps in flight."""
+    found = [(f"run {run_id}", run_id)]
+    try:
+        steps = replay_run(world, run_id).state.steps
+    except LittleEsError:
+        # No log (a run that never started), or one that cannot be read: the run's lease only.
+        return found
+    found.extend(
+        (f"step {path} of run {run_id}", step_lease_id(run_id, path))
+        for path, step in steps.items()
+        if step.status == "running"
+    )
+    return found
+
+
+def unlock_command(
+    run_id: RunIdArgument,
+    world: WorldOption = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Take the leases from their holder: it stops at its next check (LeaseLostError).",
+        ),
+    ] = False,
+) -> None:
+    """Show who holds a run's leases; with --force, take them from a stuck holder."""
+    validate_run_id(run_id)
+    with inspection_world(world) as w:
+        leases = _leases(w, run_id)
+        if not force:
+            held = [(what, w.lease_holder(lease)) for what, lease in leases]
+            held = [(what, holder) for what, holder in held if holder is not None]
+            if not held:
+                typer.echo(f"run {run_id}: no process holds its lease")
+                return
+            for what, holder in held:
+                typer.echo(f"{what}: its lease is held by {holder}")
+            typer.echo(
+                f"if that process is stuck, `little unlock {run_id} --force` takes the lease"
+                " from it"
+            )
+            raise typer.Exit(1)
+        broken = [(what, w.break_lease(lease)) for what, lease in leases]
+        broken = [(what, holder) for what, holder in broken if holder is not None]
+        if not broken:
+            typer.echo(f"run {run_id}: no process held its lease; nothing to do")
+            return
+        for what, holder in broken:
+            typer.echo(f"{what}: took the lease from {holder}")
+        typer.echo(
+            "it stops with LeaseLostError before its next step, model call, tool call or"
+            f" append; resume the run with `little resume` (or run_workflow(...,"
+            f" run_id={run_id!r}))"
+        )

@@ -1,0 +1,395 @@
+"""A driver that loses its run's lease stops before it executes anything more.
+
+Before every step, model call, tool call and append, the driver checks its lease
+(:func:`~little_es.backends.base.check_leases`). Here a lease is lost the two ways the
+issue names: taken from a live driver (``little unlock --force``: the SQLite lock file
+replaced, the PostgreSQL backend holding the advisory lock terminated), and taken from
+a driver that is alive but stuck (SIGSTOPped) which then wakes up after a second
+process completed the run. Real processes, real SQLite files and the real PostgreSQL
+server; a ledger file outside the processes, one line per execution start and end,
+shows that no step, model call or tool call ran in two processes at once.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psycopg
+import pytest
+from psycopg import sql
+from typer.testing import CliRunner
+
+from little_es.backends.postgres import PostgresRunLeases
+from little_es.cli import app
+from little_es.durability import RunRecorder
+from little_es.engine.local import run_workflow
+from little_es.errors import ConcurrencyConflictError, LeaseLostError, WorldConfigError
+from little_es.events import RunFailed, StepFailed
+from little_es.harness.model import ScriptedModel, ScriptedReply
+from little_es.harness.tools import ToolContext, tool
+from little_es.ids import session_stream_id, step_lease_id
+from little_es.replay import replay_run
+from little_es.values import ToolCall, Usage
+from little_es.workflow.authoring import Workflow, agent, task
+from little_es.world import World
+from tests.conftest import WorldSpec
+
+REPO = Path(__file__).resolve().parent.parent
+CHILD = REPO / "tests" / "_lease_proc.py"
+RUN_ID = "run_lease_loss"  # the child's run
+
+persistent = pytest.mark.backends("sqlite", "postgres")
+
+
+# ------------------------------------------------------------------ processes
+
+
+def _env(spec: WorldSpec) -> dict[str, str]:
+    return {
+        **os.environ,
+        "LITTLE_ES_WORLD": spec.url,
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "adapters")]),
+    }
+
+
+def _driver(spec: WorldSpec, ledger: Path, label: str, stop_after: int | None = None) -> Any:
+    args = [sys.executable, str(CHILD), str(ledger), label]
+    if stop_after is not None:
+        args.append(str(stop_after))
+    return subprocess.Popen(
+        args, env=_env(spec), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _finish(proc: Any) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    code: int = proc.returncode
+    return code, out, err
+
+
+def _unlock(spec: WorldSpec, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "little_es.cli", "unlock", RUN_ID, "--world", spec.url, *args],
+        env=_env(spec),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _ledger(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line]
+
+
+def _mark(path: Path, event: str) -> None:
+    with path.open("ab") as f:
+        f.write(orjson.dumps({"label": "test", "ev": event}) + b"\n")
+
+
+def _wait_for(what: str, condition: Callable[[], bool], *procs: Any) -> None:
+    deadline = time.monotonic() + 60
+    while not condition():
+        for proc in procs:
+            assert proc.poll() is None, f"a driver exited before {what}: {proc.communicate()}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+def _stopped(pid: int) -> bool:
+    # /proc/PID/stat: "pid (comm) STATE ..."; T is stopped by a signal.
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def _assert_nothing_ran_twice_at_once(lines: list[dict[str, Any]]) -> None:
+    """No execution of one process overlaps (in ledger order) one of another process."""
+    intervals: list[tuple[int, int, int, str]] = []
+    open_at: dict[tuple[int, str, str], int] = {}
+    for i, line in enumerate(lines):
+        if line["label"] == "test":
+            continue
+        key = (line["pid"], line["kind"], line["name"])
+        if line["ev"] == "start":
+            assert key not in open_at, f"{key} started twice in one process"
+            open_at[key] = i
+        else:
+            intervals.append((open_at.pop(key), i, line["pid"], f"{line['kind']} {line['name']}"))
+    # A driver stops only between executions: nothing is left open.
+    assert not open_at, f"executions without an end: {open_at}"
+    for a_start, a_end, a_pid, a_what in intervals:
+        for b_start, b_end, b_pid, b_what in intervals:
+            if a_pid != b_pid:
+                assert not (a_start < b_end and b_start < a_end), (
+                    f"{a_what} in pid {a_pid} (ledger lines {a_start}-{a_end}) overlaps"
+                    f" {b_what} in pid {b_pid} (lines {b_start}-{b_end})"
+                )
+
+
+def _assert_completed_once(world: World) -> None:
+    replay = replay_run(world, RUN_ID)
+    assert replay.state.status == "completed"
+    assert sorted(replay.completed_step_paths) == sorted(
+        ["t1", "t2", "t3", "t4", "agent", "t5", "t6"]
+    )
+    # One attempt of every step: the lost lease cost no StepFailed, no new session.
+    assert all(step.attempts == 1 for step in replay.state.steps.values())
+    assert not any(isinstance(e, StepFailed | RunFailed) for e in world.read_run_log(RUN_ID))
+    session = world.load_session(session_stream_id(RUN_ID, "agent", 1))
+    assert session is not None and session.completed is not None
+    assert len(session.responses) == 7 and len(session.tool_results) == 6
+
+
+def _rows(world: World) -> int:
+    return len(world.read_run_log(RUN_ID))
+
+
+# ------------------------------------------------------------------ the tests
+
+
+@persistent
+@pytest.mark.parametrize(
+    "lose_at",
+    [
+        pytest.param(("step", "t3"), id="during-task-steps"),
+        pytest.param(("tool", "c2"), id="during-the-agent-session"),
+    ],
+)
+def test_a_live_driver_that_loses_its_lease_stops_and_another_takes_over(
+    world_spec: WorldSpec, world: World, tmp_path: Path, lose_at: tuple[str, str]
+) -> None:
+    ledger = tmp_path / "ledger.jsonl"
+    first = _driver(world_spec, ledger, "first")
+    second = None
+    try:
+        kind, name = lose_at
+        _wait_for(
+            f"{kind} {name} to start",
+            lambda: any(
+                line["kind"] == kind and line["name"] == name and line["ev"] == "start"
+                for line in _ledger(ledger)
+            ),
+            first,
+        )
+        # What `little unlock --force` does (the stuck-driver test runs the command),
+        # in this process: the command's own start-up would outlast the run.
+        holder = world.break_lease(RUN_ID)
+        assert holder is not None and f"pid {first.pid}" in holder
+        _mark(ledger, "unlocked")
+        # The second driver starts at once, while the first may still be alive.
+        second = _driver(world_spec, ledger, "second")
+        code, _, err = _finish(first)
+        assert code == 2 and err.startswith("LeaseLostError"), err
+        code, out, err = _finish(second)
+        assert code == 0 and out.strip() == "completed", err
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    lines = _ledger(ledger)
+    _assert_nothing_ran_twice_at_once(lines)
+    marker = next(i for i, line in enumerate(lines) if line["ev"] == "unlocked")
+    first_pid = first.pid
+    late = [
+        line for line in lines[marker:] if line.get("pid") == first_pid and line["ev"] == "start"
+    ]
+    # At most the one execution whose check passed just before the lease was taken.
+    assert len(late) <= 1, late
+    assert any(line.get("pid") == second.pid for line in lines)
+    _assert_completed_once(world)
+
+
+@persistent
+@pytest.mark.parametrize(
+    "stop_after",
+    [pytest.param(3, id="stuck-in-task-t3"), pytest.param(7, id="stuck-after-model-turn-2")],
+)
+def test_a_stuck_driver_is_unlocked_and_fenced_off_when_it_wakes(
+    world_spec: WorldSpec, world: World, tmp_path: Path, stop_after: int
+) -> None:
+    ledger = tmp_path / "ledger.jsonl"
+    stuck = _driver(world_spec, ledger, "stuck", stop_after=stop_after)
+    try:
+        _wait_for("the driver to stop itself", lambda: _stopped(stuck.pid), stuck)
+        shown = _unlock(world_spec)
+        assert shown.returncode == 1 and f"pid {stuck.pid}" in shown.stdout, shown
+        assert "--force" in shown.stdout
+        taken = _unlock(world_spec, "--force")
+        assert taken.returncode == 0 and f"pid {stuck.pid}" in taken.stdout, taken
+        _mark(ledger, "unlocked")
+        code, out, err = _finish(_driver(world_spec, ledger, "second"))
+        assert code == 0 and out.strip() == "completed", err
+        rows = _rows(world)
+        sessions = len(world.read_stream(session_stream_id(RUN_ID, "agent", 1)))
+        _mark(ledger, "woken")
+        stuck.send_signal(signal.SIGCONT)
+        code, _, err = _finish(stuck)
+    finally:
+        if stuck.poll() is None:
+            os.kill(stuck.pid, signal.SIGCONT)
+            stuck.kill()
+            stuck.communicate()
+    # It woke inside a step (or a model call) whose result it must not record.
+    assert code == 2 and err.startswith("LeaseLostError"), err
+    assert _rows(world) == rows
+    assert len(world.read_stream(session_stream_id(RUN_ID, "agent", 1))) == sessions
+    lines = _ledger(ledger)
+    woken = next(i for i, line in enumerate(lines) if line["ev"] == "woken")
+    assert not [line for line in lines[woken:] if line["label"] != "test"]
+    _assert_nothing_ran_twice_at_once(lines)
+    _assert_completed_once(world)
+
+
+@persistent
+def test_a_stale_append_after_takeover_fails_the_version_check(
+    world_factory: Callable[[], World],
+) -> None:
+    stale_world, new_world = world_factory(), world_factory()
+    with stale_world.run_lease("run_fenced"):
+        stale = RunRecorder.start(
+            stale_world,
+            run_id="run_fenced",
+            workflow_id="w",
+            workflow_version="1",
+            ir_hash="h",
+            input={},
+        )
+        stale.step_started("a", step_id="a", kind="task", visit=1, attempt=1)
+        # Taken from it while it runs step a, by a driver that resumes the run.
+        assert new_world.break_lease("run_fenced") is not None
+
+        def take_over() -> None:
+            with new_world.run_lease("run_fenced"):
+                resumed = RunRecorder.load(new_world, "run_fenced")
+                assert resumed is not None
+                resumed.step_completed("a", step_id="a", visit=1, attempt=1, output="new")
+
+        # Another process: a context that does not hold the stale driver's lease.
+        contextvars.Context().run(take_over)
+        rows = len(new_world.read_run_log("run_fenced"))
+        with pytest.raises(LeaseLostError, match="run_fenced"):
+            stale.step_completed("a", step_id="a", visit=1, attempt=1, output="stale")
+        # A check that passed a moment before the lease was taken (here: a context
+        # holding no lease) leaves the stream's version check, which refuses it too.
+        with pytest.raises(ConcurrencyConflictError):
+            contextvars.Context().run(
+                stale.step_completed, "a", step_id="a", visit=1, attempt=1, output="stale"
+            )
+    assert len(new_world.read_run_log("run_fenced")) == rows
+    (step,) = replay_run(new_world, "run_fenced").steps
+    assert (step.step_path, step.output) == ("a", "new")
+
+
+def _lossy_workflow(world: World, model: ScriptedModel, ledger: list[str]) -> Workflow:
+    async def work(n: int, ctx: ToolContext) -> int:
+        """Work; the first call loses the run's lease while it runs."""
+        ledger.append(f"tool {ctx.call_id}")
+        if "--" not in ledger:  # the first run, not the resume
+            world.break_lease("run_lossy")
+        return n
+
+    return Workflow(
+        "lossy",
+        version="1",
+        steps=[
+            task("fetch", lambda ctx: ledger.append("step fetch") or "fetched"),
+            agent("agent", model=model, tools=[tool(work)], prompt="work"),
+            task("publish", lambda ctx: ledger.append("step publish") or "published"),
+        ],
+    )
+
+
+SCRIPT = [
+    ScriptedReply(
+        tool_calls=(ToolCall(id="c1", name="work", arguments={"n": 1}),),
+        usage=Usage(input_tokens=5),
+    ),
+    ScriptedReply(content="done", usage=Usage(input_tokens=7)),
+]
+
+
+async def test_a_lost_lease_is_a_refusal_and_the_same_session_continues(world: World) -> None:
+    model = ScriptedModel(SCRIPT)
+    ledger: list[str] = []
+    with pytest.raises(LeaseLostError, match="run_lossy"):
+        await run_workflow(world, _lossy_workflow(world, model, ledger), {}, run_id="run_lossy")
+    # The model's turn 2 was never called, nothing of it (nor the tool result) appended.
+    assert model.calls == 1 and ledger == ["step fetch", "tool c1"]
+    session = world.load_session(session_stream_id("run_lossy", "agent", 1))
+    assert session is not None and session.tool_results == {} and 2 not in session.called
+    events = world.read_run_log("run_lossy")
+    assert not any(isinstance(e, StepFailed | RunFailed) for e in events)
+    ledger.append("--")
+    ledger_before = len(ledger)
+    done = await run_workflow(world, _lossy_workflow(world, model, ledger), run_id="run_lossy")
+    assert done.output == "published"
+    # The same attempt and session: turn 1 answered from the log, only the call in
+    # flight (c1, whose result was not recorded) ran again, idempotency_key's case.
+    assert model.calls == 2
+    assert ledger[ledger_before:] == ["tool c1", "step publish"]
+    assert replay_run(world, "run_lossy").state.steps["agent"].attempts == 1
+
+
+@pytest.mark.backends("sqlite")
+def test_unlock_takes_the_leases_of_a_runs_steps_in_flight(
+    world: World, world_spec: WorldSpec
+) -> None:
+    """A Temporal worker holds a lease per step: `little unlock` finds the steps in flight."""
+    recorder = RunRecorder.start(
+        world, run_id="run_steps", workflow_id="w", workflow_version="1", ir_hash="h", input={}
+    )
+    recorder.step_started("a", step_id="a", kind="task", visit=1, attempt=1)
+    with world.run_lease(step_lease_id("run_steps", "a")) as step_lease:
+        shown = CliRunner().invoke(app, ["unlock", "run_steps", "--world", world_spec.url])
+        assert shown.exit_code == 1
+        assert f"step a of run run_steps: its lease is held by pid {os.getpid()}" in shown.stdout
+        taken = CliRunner().invoke(
+            app, ["unlock", "run_steps", "--force", "--world", world_spec.url]
+        )
+        assert taken.exit_code == 0, taken.output
+        assert "step a of run run_steps: took the lease" in taken.stdout
+        with pytest.raises(LeaseLostError):
+            step_lease.check()
+    again = CliRunner().invoke(app, ["unlock", "run_steps", "--world", world_spec.url])
+    assert again.exit_code == 0 and "no process holds its lease" in again.stdout
+
+
+@pytest.mark.backends("postgres")
+def test_unlock_without_the_right_to_terminate_the_holder_says_so(
+    world: World, world_spec: WorldSpec
+) -> None:
+    assert world_spec.schema is not None
+    role = f"little_es_test_{uuid.uuid4().hex[:8]}"
+    with world_spec.connect_postgres() as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(world_spec.dsn)
+        restricted = PostgresRunLeases(
+            f"dbname={info['dbname']} host={info.get('host', '127.0.0.1')}"
+            f" port={info.get('port', 5432)} user={role}",
+            scope=world_spec.schema,
+        )
+        with world.run_lease("run_held") as lease:
+            assert restricted.holder("run_held") is not None
+            with pytest.raises(WorldConfigError, match="pg_signal_backend"):
+                restricted.break_lease("run_held")
+            lease.check()
+    finally:
+        with world_spec.connect_postgres() as conn:
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
