@@ -4,7 +4,7 @@ The public API is re-exported here; everything else is internal. See the README.
 """
 
 from little_es.backends.base import RunSummary
-from little_es.domain import HarnessSession, OuterLoop, Run
+from little_es.domain import HarnessSession, OuterLoop, PriceBook, Run
 from little_es.engine.local import RunResult, run_workflow
 from little_es.errors import (
     ArtifactError,
@@ -52,9 +52,11 @@ from little_es.events import (
     Event,
     HarnessEvent,
     ModelCalled,
+    ModelPriceSet,
     ModelResponded,
     OuterLoopEvent,
     ParallelBranchScheduled,
+    PriceBookEvent,
     RunCompleted,
     RunEvent,
     RunFailed,
@@ -89,8 +91,10 @@ from little_es.orchestrator import (
 )
 from little_es.pricing import (
     ModelInfo,
+    RecordedPrices,
     get_model_info_for,
     price_usage,
+    price_usage_exact,
     register_model_price,
     unregister_model_price,
 )
@@ -103,6 +107,7 @@ from little_es.values import (
     Message,
     ModelRequest,
     ModelResponse,
+    Pricer,
     ToolCall,
     ToolSpec,
     Usage,
@@ -150,6 +155,7 @@ __all__ = [
     "ModelConfigError",
     "ModelError",
     "ModelInfo",
+    "ModelPriceSet",
     "ModelRequest",
     "ModelResponded",
     "ModelResponse",
@@ -159,7 +165,11 @@ __all__ = [
     "OutputNotSerializableError",
     "ParallelBranchScheduled",
     "ParallelReplayMismatchError",
+    "PriceBook",
+    "PriceBookEvent",
+    "Pricer",
     "PricingError",
+    "RecordedPrices",
     "ReplayPlanStep",
     "ReplayResult",
     "RetryPolicy",
@@ -229,6 +239,7 @@ __all__ = [
     "parallel",
     "postgres_world",
     "price_usage",
+    "price_usage_exact",
     "register_model_price",
     "replay_run",
     "resolve_tools",

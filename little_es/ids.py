@@ -67,3 +67,8 @@ def session_stream_id(run_id: str, step_path: str, attempt: int) -> uuid.UUID:
 def outer_loop_stream_id(outer_loop_id: str) -> uuid.UUID:
     """The UUID of the ``OuterLoop`` aggregate for ``outer_loop_id`` (validated like a run id)."""
     return uuid.uuid5(_NAMESPACE, "outer_loop:" + validate_run_id(outer_loop_id))
+
+
+def price_book_stream_id() -> uuid.UUID:
+    """The UUID of the world's one ``PriceBook`` aggregate (the prices recorded in the world)."""
+    return uuid.uuid5(_NAMESPACE, "price_book")

@@ -23,8 +23,11 @@ import gc
 import heapq
 import os
 import re
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from datetime import UTC, datetime
+from decimal import Decimal
 from operator import attrgetter
 from pathlib import Path
 from types import TracebackType
@@ -40,19 +43,20 @@ from little_es.backends.base import Backend
 from little_es.backends.memory import MemoryBackend
 from little_es.backends.sqlite import SQLiteBackend, Synchronous
 from little_es.codec import OrjsonTranscoder, PydanticMapper
-from little_es.domain import Aggregate, HarnessSession, OuterLoop, Run
+from little_es.domain import Aggregate, HarnessSession, OuterLoop, PriceBook, Run
 from little_es.errors import (
     ConcurrencyConflictError,
     EventLogError,
+    PricingError,
     RunNotFoundError,
     WorldConfigError,
 )
-from little_es.events import Event, RunEvent, Snapshot, StepStarted
+from little_es.events import Event, ModelPriceSet, RunEvent, Snapshot, StepStarted, utc_now
 from little_es.faults import after_append
-from little_es.ids import outer_loop_stream_id, run_stream_id, validate_run_id
+from little_es.ids import outer_loop_stream_id, price_book_stream_id, run_stream_id, validate_run_id
 from little_es.materialize import MaterializedRunState, materialize_run_state
-from little_es.pricing import price_usage
-from little_es.values import Pricer
+from little_es.pricing import checked_price, normalized_model_key, price_usage_exact
+from little_es.values import Pricer, Usage
 
 WORLD_ENV_VAR = "LITTLE_ES_WORLD"
 DEFAULT_DATA_DIR = ".little-workflow"
@@ -109,9 +113,10 @@ class LittleApplication(Application[UUID]):
     snapshotting_intervals: ClassVar[dict[type[Any], int]] = {Run: RUN_SNAPSHOT_INTERVAL}
     """First snapshot version per aggregate class; later ones double it (World.save)."""
     snapshotting_projectors: ClassVar[dict[type[Any], Any]] = {
-        Run: _run_projector(lambda: price_usage),
+        Run: _run_projector(lambda: price_usage_exact),
         HarnessSession: _projector(HarnessSession),
         OuterLoop: _projector(OuterLoop),
+        PriceBook: _projector(PriceBook),
     }
     """eventsourcing's own snapshotting reads these; a world loads runs with its own pricer."""
 
@@ -176,6 +181,62 @@ def merge_by_timestamp(streams: list[list[Event]]) -> list[Event]:
     return list(heapq.merge(*streams, key=_timestamp))
 
 
+_LONG_AGO = datetime.min.replace(tzinfo=UTC)
+_SET_PRICE_ATTEMPTS = 3
+
+
+class _BookPricer:
+    """A world's pricer: its price book, then this process's overrides, then genai-prices.
+
+    The book is read when the first call is priced, and read again (only its
+    new events) whenever a call to price was made after the last read began:
+    a price set by any process before a call is then in the book that prices
+    it. A call made before the last read needs no read: a price recorded since
+    is effective from its own recording (or the moment it names), so it can
+    only be one set with an ``effective_from`` in the past.
+    """
+
+    __slots__ = ("_book", "_fresh_until", "_lock", "_world")
+
+    def __init__(self, world: World) -> None:
+        self._world = world
+        self._book = PriceBook()
+        self._fresh_until = _LONG_AGO
+        self._lock = threading.RLock()
+
+    def __call__(self, provider: str, model_id: str, usage: Usage, at: datetime) -> Decimal | None:
+        if at >= self._fresh_until:
+            self.refresh()
+        return self._book.prices(provider, model_id, usage, at)
+
+    def refresh(self) -> PriceBook:
+        """The book with every price recorded so far (reads only the events not yet read)."""
+        with self._lock:
+            started = utc_now()
+            book = self._book
+            for event in self._world.read_stream(price_book_stream_id(), after=book.version):
+                book.mutate(event)
+            self._fresh_until = started
+            return book
+
+    def set(self, **fields: object) -> ModelPriceSet:
+        with self._lock:
+            for attempt in range(1, _SET_PRICE_ATTEMPTS + 1):
+                book = self.refresh()
+                event = book.trigger(ModelPriceSet, **fields)
+                try:
+                    self._world.save(book)
+                except ConcurrencyConflictError:
+                    # Another process recorded a price first: read the book afresh and retry.
+                    self._book = PriceBook()
+                    self._fresh_until = _LONG_AGO
+                    if attempt == _SET_PRICE_ATTEMPTS:
+                        raise
+                    continue
+                return event
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
 class World:
     """Runs' event logs and artifacts in one place. Use as a context manager to close it.
 
@@ -183,13 +244,19 @@ class World:
     :class:`~little_es.backends.base.Backend` opened with :class:`LittleApplication`.
     """
 
-    def __init__(self, backend: Backend, *, pricer: Pricer = price_usage) -> None:
+    def __init__(self, backend: Backend, *, pricer: Pricer | None = None) -> None:
         app = backend.app
         assert isinstance(app, LittleApplication)
         self.backend = backend
         self.app = app
-        self.pricer = pricer
-        """Prices the model calls of every run this world folds (loads, replays, projects)."""
+        self._book_pricer = _BookPricer(self)
+        self.pricer: Pricer = self._book_pricer if pricer is None else pricer
+        """Prices the model calls of every run this world folds (loads, replays, projects).
+
+        By default: the prices recorded in this world (:meth:`set_model_price`),
+        then this process's :func:`~little_es.pricing.register_model_price`
+        overrides, then genai-prices, each at the call's timestamp. A pricer
+        given to the constructor replaces all three."""
         self._projectors = {**app.snapshotting_projectors, Run: _run_projector(lambda: self.pricer)}
         self.artifacts = backend.artifacts
         self.leases = backend.leases
@@ -258,6 +325,56 @@ class World:
     def _snapshot(self, aggregate: Aggregate) -> None:
         assert self.app.snapshots is not None
         self.app.snapshots.put([aggregate.take_snapshot()])
+
+    def set_model_price(
+        self,
+        provider: str,
+        model_id: str,
+        *,
+        input_per_mtok: float | Decimal,
+        output_per_mtok: float | Decimal,
+        cached_input_per_mtok: float | Decimal | None = None,
+        reasoning_per_mtok: float | Decimal | None = None,
+        effective_from: datetime | None = None,
+    ) -> ModelPriceSet:
+        """Record a model's price (USD per million tokens) in this world, for every process.
+
+        Appends a :class:`~little_es.events.ModelPriceSet` to the world's price
+        book. It prices the calls of ``model_id`` at ``provider`` (exact id,
+        case-insensitive) made from ``effective_from`` (default: now) on, in
+        every fold of every process (``little report``, replays, the runs read
+        model), before any :func:`~little_es.pricing.register_model_price`
+        override or genai-prices; calls made earlier keep their price. Pass an
+        ``effective_from`` in the past to price calls already recorded (the runs
+        read model keeps the figures it folded before; ``little report`` and
+        replays fold afresh). Returns the recorded event.
+
+        Raises :class:`~little_es.errors.PricingError` for an empty name, a
+        price that is negative or not a finite number, or a naive ``effective_from``.
+        """
+        key = normalized_model_key(provider, model_id)
+        if effective_from is not None and effective_from.utcoffset() is None:
+            raise PricingError(
+                f"effective_from must be timezone-aware, got {effective_from!r}:"
+                " pass e.g. datetime(2026, 1, 1, tzinfo=UTC)"
+            )
+        return self._book_pricer.set(
+            provider=key[0],
+            model_id=key[1],
+            input_per_mtok=checked_price("input_per_mtok", input_per_mtok),
+            output_per_mtok=checked_price("output_per_mtok", output_per_mtok),
+            cached_input_per_mtok=None
+            if cached_input_per_mtok is None
+            else checked_price("cached_input_per_mtok", cached_input_per_mtok),
+            reasoning_per_mtok=None
+            if reasoning_per_mtok is None
+            else checked_price("reasoning_per_mtok", reasoning_per_mtok),
+            effective_from=utc_now() if effective_from is None else effective_from.astimezone(UTC),
+        )
+
+    def model_prices(self) -> tuple[ModelPriceSet, ...]:
+        """Every price recorded in this world (:meth:`set_model_price`), in the order recorded."""
+        return tuple(self._book_pricer.refresh().prices.recorded)
 
     def record_run_event(self, run_id: str, event_class: type[E], **fields: Any) -> E:
         """Append one event of your own (a :class:`RunEvent` subclass) to a run's stream."""

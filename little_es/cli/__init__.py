@@ -6,6 +6,8 @@ plugins' in :func:`_register_plugins`:
 * ``little report | replay | events | runs`` - read-only views of the log
   (:mod:`little_es.cli.inspection`);
 * ``little run | resume`` - drive a workflow (:mod:`little_es.cli.run`);
+* ``little prices set | list`` - model prices recorded in the world
+  (:mod:`little_es.cli.prices`);
 * commands of optional extras, found through the entry point group
   :data:`PLUGIN_GROUP`: ``little worker`` comes from the Temporal adapter
   (``little_es_temporal.cli``). When an extra is not installed its commands
@@ -36,7 +38,7 @@ from eventsourcing.persistence import PersistenceError
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from little_es.cli import inspection, run
+from little_es.cli import inspection, prices, run
 from little_es.errors import LittleEsError
 
 __all__ = ["OPTIONAL_COMMANDS", "PLUGIN_GROUP", "app"]
@@ -150,6 +152,7 @@ def _register(app: typer.Typer) -> None:
     app.command("runs")(inspection.runs_command)
     app.command("run")(run.run_command)
     app.command("resume")(run.resume_command)
+    app.add_typer(prices.prices_app, name="prices")
 
 
 _register(app)
