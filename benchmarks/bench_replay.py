@@ -218,7 +218,7 @@ def stages(world: World, streams: list[UUID], repeat: int) -> dict[str, float]:
             t = clock("decode + validate the folded rows", t)
             log = merge_by_timestamp(decoded)
             t = clock("merge streams", t)
-            materialize_run_state(log, pricer=price_usage_exact)
+            materialize_run_state(log, pricer=world.pricer)
             clock("fold + freeze (reducer)", t)
             del rows, decoded, log
     finally:

@@ -30,7 +30,7 @@ Cost rules (the only place a dollar figure is produced):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal
@@ -60,7 +60,15 @@ from little_es.events import (
     ToolCallStarted,
     ToolCallSucceeded,
 )
-from little_es.values import ArtifactRef, ErrorInfo, JSONValue, Pricer, Usage, UsageTotals
+from little_es.values import (
+    ArtifactRef,
+    ErrorInfo,
+    JSONValue,
+    PicodollarPricer,
+    Pricer,
+    Usage,
+    UsageTotals,
+)
 from little_es.workflow.paths import visit_key
 
 StepStatus = Literal["pending", "running", "completed", "failed"]
@@ -144,6 +152,17 @@ def picodollars(cost: Decimal) -> int:
     exact, whatever the order of folding.
     """
     return int(cost.scaleb(_PICO_EXPONENT).to_integral_value(ROUND_HALF_EVEN))
+
+
+def _in_picodollars(pricer: Pricer) -> Callable[[str, str, Usage, datetime], int | None]:
+    if isinstance(pricer, PicodollarPricer):
+        return pricer.picodollars
+
+    def pusd(provider: str, model_id: str, usage: Usage, at: datetime) -> int | None:
+        cost = pricer(provider, model_id, usage, at)
+        return None if cost is None else picodollars(cost)
+
+    return pusd
 
 
 def dollars(pusd: int) -> Decimal:
@@ -267,6 +286,10 @@ class RunFold:
     """
 
     pricer: Pricer
+    pusd: Callable[[str, str, Usage, datetime], int | None] = field(
+        init=False, repr=False, compare=False
+    )
+    """``pricer`` in picodollars: its own method if it has one, else its Decimal converted."""
     run_id: str | None = None
     workflow_id: str | None = None
     workflow_version: str | None = None
@@ -289,6 +312,9 @@ class RunFold:
     updated_at: datetime | None = None
     completed_at: datetime | None = None
     event_count: int = 0
+
+    def __post_init__(self) -> None:
+        self.pusd = _in_picodollars(self.pricer)
 
     @classmethod
     def from_state(
@@ -423,8 +449,7 @@ def apply(state: RunFold, event: Event) -> RunFold:
         case ModelResponded():
             # Priced once, here: the one place a dollar figure is produced.
             r = event.response
-            price = state.pricer(r.provider, r.model, r.usage, event.timestamp)
-            cost = None if price is None else picodollars(price)
+            cost = state.pusd(r.provider, r.model, r.usage, event.timestamp)
             state.usage.add(r.usage, cost)
             path = event.step_path or state.session_steps.get(event.originator_id)
             if path is not None and path in state.steps:

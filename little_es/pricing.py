@@ -78,6 +78,7 @@ __all__ = [
     "get_model_info_for",
     "price_usage",
     "price_usage_exact",
+    "price_usage_picodollars",
     "register_model_price",
     "unregister_model_price",
 ]
@@ -144,6 +145,8 @@ class _Dated:
 
 _ATTO_PER_MTOK_USD: Final = 10**12
 _ATTO_EXPONENT: Final = -18
+_ATTO_PER_PICO: Final = 10**6
+_HALF_PICO: Final = _ATTO_PER_PICO // 2
 # genai-prices prices requests per thousand (its `requests_kcount` key).
 _REQUESTS_PER_PRICE: Final = 1_000
 
@@ -209,7 +212,31 @@ def _lookup(provider: object, model_id: object, at: datetime | None) -> _Entry |
     return entry  # type: ignore[return-value]
 
 
-def _cost(entry: _Entry, usage: Usage) -> Decimal:
+def price_usage_picodollars(
+    provider: str, model_id: str, usage: Usage, at: datetime | None = None
+) -> int | None:
+    """:func:`price_usage_exact` in integer picodollars (10^-12 USD), rounded half to even.
+
+    What the reducer sums (:class:`~little_es.values.PicodollarPricer`).
+    """
+    if not isinstance(usage, Usage):
+        raise PricingError(f"usage must be a little_es Usage, got {type(usage).__name__}")
+    # The reducer's hot path: _lookup and _picodollars inlined (no helper calls).
+    try:
+        entry = _cache[(provider, model_id)]
+    except (KeyError, TypeError):
+        entry = _resolve(provider, model_id)
+    if entry is None:
+        return None
+    if type(entry) is _Dated:
+        entry = entry.at(datetime.now(tz=UTC) if at is None else at)
+    pusd, rest = divmod(_atto(entry, usage), _ATTO_PER_PICO)  # type: ignore[arg-type]
+    if rest > _HALF_PICO or (rest == _HALF_PICO and pusd & 1):
+        pusd += 1
+    return pusd
+
+
+def _atto(entry: _Entry, usage: Usage) -> int:
     inp, cached = usage.input_tokens, usage.cached_input_tokens
     out, reasoning = usage.output_tokens, usage.reasoning_tokens
     # genai-prices picks every kind's tier by the call's total input tokens, output included.
@@ -217,14 +244,25 @@ def _cost(entry: _Entry, usage: Usage) -> Decimal:
     output_rate = _rate_at(entry.output, inp)
     cached_rate = input_rate if entry.cached_input is None else _rate_at(entry.cached_input, inp)
     reasoning_rate = output_rate if entry.reasoning is None else _rate_at(entry.reasoning, inp)
-    atto = (
+    return (
         (inp - cached) * input_rate
         + cached * cached_rate
         + (out - reasoning) * output_rate
         + reasoning * reasoning_rate
         + entry.per_request_atto
     )
-    return Decimal(atto).scaleb(_ATTO_EXPONENT)
+
+
+def _cost(entry: _Entry, usage: Usage) -> Decimal:
+    return Decimal(_atto(entry, usage)).scaleb(_ATTO_EXPONENT)
+
+
+def _picodollars(atto: int) -> int:
+    # Half to even, as Decimal's default rounding: the same figure as picodollars(_cost(...)).
+    pusd, rest = divmod(atto, _ATTO_PER_PICO)
+    if rest > _HALF_PICO or (rest == _HALF_PICO and pusd & 1):
+        pusd += 1
+    return pusd
 
 
 def register_model_price(
@@ -337,6 +375,20 @@ class RecordedPrices:
 
     def __call__(self, provider: str, model_id: str, usage: Usage, at: datetime) -> Decimal | None:
         """The exact cost of one call made at ``at`` (a :class:`~little_es.values.Pricer`)."""
+        entry = self._entry(provider, model_id, usage, at)
+        return None if entry is None else _cost(entry, usage)
+
+    def picodollars(self, provider: str, model_id: str, usage: Usage, at: datetime) -> int | None:
+        """The cost of one call made at ``at`` in integer picodollars, as the reducer sums it."""
+        if not self._by_key:
+            # The usual book, empty: the reducer's hot path, one call away from the lookup.
+            return price_usage_picodollars(provider, model_id, usage, at)
+        entry = self._entry(provider, model_id, usage, at)
+        return None if entry is None else _picodollars(_atto(entry, usage))
+
+    def _entry(self, provider: str, model_id: str, usage: Usage, at: datetime) -> _Entry | None:
+        if not isinstance(usage, Usage):
+            raise PricingError(f"usage must be a little_es Usage, got {type(usage).__name__}")
         if self._by_key:
             raw = (provider, model_id)
             key = self._keys.get(raw)
@@ -347,12 +399,8 @@ class RecordedPrices:
                 times, entries = found
                 i = bisect.bisect_right(times, at)
                 if i:
-                    if not isinstance(usage, Usage):
-                        raise PricingError(
-                            f"usage must be a little_es Usage, got {type(usage).__name__}"
-                        )
-                    return _cost(entries[i - 1], usage)
-        return price_usage_exact(provider, model_id, usage, at)
+                    return entries[i - 1]
+        return _lookup(provider, model_id, at)
 
 
 def checked_price(name: str, value: object) -> Decimal:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import ErrorDetails
@@ -246,3 +246,17 @@ class Pricer(Protocol):
     def __call__(
         self, provider: str, model_id: str, usage: Usage, at: datetime
     ) -> Decimal | None: ...
+
+
+@runtime_checkable
+class PicodollarPricer(Pricer, Protocol):
+    """A :class:`Pricer` that also gives a call's cost in integer picodollars (10^-12 USD).
+
+    The reducer sums picodollars; given a pricer of this kind it asks for them
+    directly instead of converting each Decimal (a world's pricer is one). The
+    two must agree: ``picodollars(...)`` is ``__call__(...)`` rounded half to even.
+    """
+
+    def picodollars(
+        self, provider: str, model_id: str, usage: Usage, at: datetime
+    ) -> int | None: ...

@@ -55,7 +55,12 @@ from little_es.events import Event, ModelPriceSet, RunEvent, Snapshot, StepStart
 from little_es.faults import after_append
 from little_es.ids import outer_loop_stream_id, price_book_stream_id, run_stream_id, validate_run_id
 from little_es.materialize import MaterializedRunState, materialize_run_state
-from little_es.pricing import checked_price, normalized_model_key, price_usage_exact
+from little_es.pricing import (
+    checked_price,
+    normalized_model_key,
+    price_usage_exact,
+    price_usage_picodollars,
+)
 from little_es.values import Pricer, Usage
 
 WORLD_ENV_VAR = "LITTLE_ES_WORLD"
@@ -196,18 +201,42 @@ class _BookPricer:
     only be one set with an ``effective_from`` in the past.
     """
 
-    __slots__ = ("_book", "_fresh_until", "_lock", "_world")
+    __slots__ = ("_book", "_fresh_until", "_lock", "_pusd", "_world")
 
     def __init__(self, world: World) -> None:
         self._world = world
+        self._lock = threading.RLock()
+        self._reset()
+
+    def _reset(self) -> None:
         self._book = PriceBook()
         self._fresh_until = _LONG_AGO
-        self._lock = threading.RLock()
+        self._pusd: Callable[[str, str, Usage, datetime], int | None] = price_usage_picodollars
+
+    def _took(self, book: PriceBook) -> None:
+        # An empty book (the usual case) prices straight from the lookup: one call less per call.
+        self._pusd = book.prices.picodollars if book.prices.recorded else price_usage_picodollars
 
     def __call__(self, provider: str, model_id: str, usage: Usage, at: datetime) -> Decimal | None:
-        if at >= self._fresh_until:
-            self.refresh()
+        self._check_fresh(at)
         return self._book.prices(provider, model_id, usage, at)
+
+    def picodollars(self, provider: str, model_id: str, usage: Usage, at: datetime) -> int | None:
+        """The cost in integer picodollars, as the reducer sums it (a ``PicodollarPricer``)."""
+        # _check_fresh inlined for the usual case: the reducer calls this once per model call.
+        fresh = self._fresh_until
+        if at.tzinfo is not fresh.tzinfo or at >= fresh:
+            self._check_fresh(at)
+        return self._pusd(provider, model_id, usage, at)
+
+    def _check_fresh(self, at: datetime) -> None:
+        fresh = self._fresh_until
+        if at.tzinfo is not fresh.tzinfo:
+            # Aware datetimes with distinct tzinfo objects compare ten times slower (both
+            # offsets are asked for); a log's decoded timestamps share one, so convert once.
+            fresh = self._fresh_until = fresh.astimezone(at.tzinfo)
+        if at >= fresh:
+            self.refresh()
 
     def refresh(self) -> PriceBook:
         """The book with every price recorded so far (reads only the events not yet read)."""
@@ -216,6 +245,7 @@ class _BookPricer:
             book = self._book
             for event in self._world.read_stream(price_book_stream_id(), after=book.version):
                 book.mutate(event)
+            self._took(book)
             self._fresh_until = started
             return book
 
@@ -228,11 +258,11 @@ class _BookPricer:
                     self._world.save(book)
                 except ConcurrencyConflictError:
                     # Another process recorded a price first: read the book afresh and retry.
-                    self._book = PriceBook()
-                    self._fresh_until = _LONG_AGO
+                    self._reset()
                     if attempt == _SET_PRICE_ATTEMPTS:
                         raise
                     continue
+                self._took(book)
                 return event
         raise AssertionError("unreachable")  # pragma: no cover
 
