@@ -21,8 +21,10 @@ import pytest
 from genai_prices import calc_price
 from genai_prices.types import Usage as GenaiUsage
 
+from little_es.engine.local import run_workflow
 from little_es.errors import PricingError
 from little_es.events import Event, ModelPriceSet, ModelResponded
+from little_es.harness.model import ScriptedModel, ScriptedReply
 from little_es.ids import price_book_stream_id
 from little_es.materialize import RunFold, apply, materialize_run_state
 from little_es.orchestrator import run_tree, sum_usage
@@ -31,10 +33,13 @@ from little_es.pricing import (
     register_model_price,
     unregister_model_price,
 )
+from little_es.projections import list_runs
 from little_es.replay import replay_run
 from little_es.testing.logs import UNPRICED, Call, RunWriter, priced, unpriced
-from little_es.values import UsageTotals
+from little_es.values import Usage, UsageTotals
+from little_es.workflow.authoring import Workflow, agent
 from little_es.world import World, local_world, memory_world
+from tests.conftest import WorldSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 LONG_AGO = datetime(2020, 1, 1, tzinfo=UTC)
@@ -381,3 +386,29 @@ def test_a_total_stored_before_the_exact_field_still_loads() -> None:
     assert exact_only.cost_usd == 0.1
     round_trip = UsageTotals.model_validate_json(exact_only.model_dump_json())
     assert round_trip == exact_only
+
+
+# ---------------------------------------------------------------- every reader agrees
+
+
+async def test_a_run_priced_from_the_world_reads_the_same_everywhere(
+    world: World, world_spec: WorldSpec
+) -> None:
+    world.set_model_price("acme", "acme-2", input_per_mtok=Decimal("2"), output_per_mtok=10)
+    model = ScriptedModel(
+        [
+            ScriptedReply(content="one", usage=Usage(input_tokens=100, output_tokens=10)),
+        ],
+        provider="acme",
+        model_id="acme-2",
+    )
+    wf = Workflow("priced", steps=[agent("ask", model=model, prompt="hi", max_turns=1)])
+    result = await run_workflow(world, wf, {}, run_id="run_world_priced")
+    expected = Decimal(100 * 2 + 10 * 10) / 1_000_000
+    assert result.state.usage.cost_usd_exact == expected
+    assert result.state == replay_run(world, "run_world_priced").state
+    (summary,) = list_runs(world)
+    assert summary.usage == result.state.usage
+    if world_spec.persistent:
+        with world_spec.open() as fresh:  # another process's view: nothing registered in it
+            assert replay_run(fresh, "run_world_priced").state.usage == result.state.usage
