@@ -61,7 +61,7 @@ from little_es import (
 from little_es.chain import verify_stream
 from little_es.codec import PydanticMapper
 from little_es.materialize import COUNTED_ONLY
-from little_es.pricing import price_usage
+from little_es.pricing import price_usage_exact
 from little_es.world import RUN_SNAPSHOT_INTERVAL, merge_by_timestamp
 
 RUN_ID = "run_bench_replay"
@@ -78,7 +78,7 @@ def build(world: World, events: int, steps: int) -> int:
     """
     # A ClassVar of the application, overridden on this instance only.
     setattr(world.app, "snapshotting_intervals", {Run: RUN_SNAPSHOT_INTERVAL})  # noqa: B010
-    run = Run(RUN_ID, price_usage)
+    run = Run(RUN_ID, price_usage_exact)
     run.trigger(
         RunStarted,
         run_id=RUN_ID,
@@ -225,7 +225,7 @@ def stages(world: World, streams: list[UUID], repeat: int) -> dict[str, float]:
             t = clock("decode + validate the folded rows", t)
             log = merge_by_timestamp(decoded)
             t = clock("merge streams", t)
-            materialize_run_state(log, pricer=price_usage)
+            materialize_run_state(log, pricer=world.pricer)
             clock("fold + freeze (reducer)", t)
             del rows, checked, decoded, log
     finally:

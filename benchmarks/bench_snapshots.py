@@ -52,7 +52,7 @@ from little_es import (
     World,
 )
 from little_es.ids import run_stream_id
-from little_es.pricing import price_usage
+from little_es.pricing import price_usage_exact
 from little_es.world import LittleApplication
 
 RUN_ID = "run_bench_snapshots"
@@ -100,7 +100,7 @@ def _write_session(world: World, events: int, batch: int) -> HarnessSession:
 
 
 def _write_run(world: World, events: int, batch: int) -> Run:
-    run = Run(RUN_ID, price_usage)
+    run = Run(RUN_ID, price_usage_exact)
     run.trigger(RunStarted, run_id=RUN_ID, workflow_id="bench", workflow_version="1", ir_hash="0")
     world.save(run)
     count = 1

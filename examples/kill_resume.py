@@ -42,7 +42,6 @@ from little_es import (
     decision,
     local_world,
     parallel,
-    register_model_price,
     run_workflow,
     task,
     tool,
@@ -121,8 +120,6 @@ def publish(ctx: StepContext) -> dict[str, Any]:
 
 
 planner = ScriptedModel(respond=_planner, provider="scripted", model_id="planner-1")
-# A scripted model has no list price; give it one so the report shows dollars.
-register_model_price("scripted", "planner-1", input_per_mtok=3.0, output_per_mtok=15.0)
 
 triage = Workflow(
     "triage",
@@ -160,6 +157,10 @@ def main() -> None:
     console = Console(width=110)
     world_dir = tempfile.mkdtemp(prefix="little-es-example-")
     os.environ["TRIAGE_LEDGER"] = str(Path(world_dir) / LEDGER)
+    # A scripted model has no list price: record one in the world, so the report
+    # shows dollars, here and in `little report` in another process.
+    with local_world(world_dir) as world:
+        world.set_model_price("scripted", "planner-1", input_per_mtok=3.0, output_per_mtok=15.0)
 
     console.print(f"[bold]1.[/] running [cyan]{RUN_ID}[/] in a child process ({world_dir})")
     child = subprocess.run(

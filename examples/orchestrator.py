@@ -38,11 +38,11 @@ from little_es import (
     ToolCall,
     Usage,
     Workflow,
+    World,
     agent,
     configure_logging,
     list_sub_runs,
     local_world,
-    register_model_price,
     run_workflow,
     start_workflow_tool,
     task,
@@ -138,9 +138,11 @@ review_repo = Workflow(
     ],
 )
 
-# Scripted models have no list price; give them one so the report shows dollars.
-register_model_price("scripted", "planner-1", input_per_mtok=3.0, output_per_mtok=15.0)
-register_model_price("scripted", "reviewer-1", input_per_mtok=0.15, output_per_mtok=0.6)
+
+def _record_prices(world: World) -> None:
+    """Scripted models have no list price: record them in the world, so every report has dollars."""
+    world.set_model_price("scripted", "planner-1", input_per_mtok=3.0, output_per_mtok=15.0)
+    world.set_model_price("scripted", "reviewer-1", input_per_mtok=0.15, output_per_mtok=0.6)
 
 
 def _child(world_dir: str) -> None:
@@ -155,6 +157,8 @@ def main() -> None:
     if not console.is_terminal:
         console = Console(width=160)  # a pipe: wide enough for the report's rows
     world_dir = tempfile.mkdtemp(prefix="little-es-orchestrator-")
+    with local_world(world_dir) as world:
+        _record_prices(world)
     ledger = Path(world_dir) / "ledger.txt"
     os.environ["ORCHESTRATOR_LEDGER"] = str(ledger)
 

@@ -36,7 +36,6 @@ from little_es import (
     agent,
     configure_logging,
     local_world,
-    register_model_price,
     task,
     tool,
 )
@@ -90,8 +89,6 @@ def draft_reply(ctx: StepContext) -> str:
 
 
 support_model = ScriptedModel(respond=_support_agent, provider="scripted", model_id="support-1")
-# A scripted model has no list price; give it one so the report shows dollars.
-register_model_price("scripted", "support-1", input_per_mtok=3.0, output_per_mtok=15.0)
 
 support = Workflow(
     "support",
@@ -113,6 +110,9 @@ support = Workflow(
 async def _run(console: Console, server: DevServer, world_dir: str) -> None:
     client = await connect(server.address)
     with local_world(world_dir) as world:
+        # A scripted model has no list price: record one in the world, so the report
+        # shows dollars, here and in `little report` in another process.
+        world.set_model_price("scripted", "support-1", input_per_mtok=3.0, output_per_mtok=15.0)
         async with create_worker(client, world, workflows=[support], task_queue=TASK_QUEUE):
             handle = await start_run(
                 client, support, {"ticket": 7}, run_id=RUN_ID, task_queue=TASK_QUEUE

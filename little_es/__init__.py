@@ -4,7 +4,7 @@ The public API is re-exported here; everything else is internal. See the README.
 """
 
 from little_es.backends.base import Lease, RunSummary, check_leases
-from little_es.domain import HarnessSession, OuterLoop, Run
+from little_es.domain import HarnessSession, OuterLoop, PriceBook, Run
 from little_es.engine.local import RunResult, run_workflow
 from little_es.errors import (
     ArtifactError,
@@ -55,9 +55,11 @@ from little_es.events import (
     Event,
     HarnessEvent,
     ModelCalled,
+    ModelPriceSet,
     ModelResponded,
     OuterLoopEvent,
     ParallelBranchScheduled,
+    PriceBookEvent,
     RunCompleted,
     RunEvent,
     RunFailed,
@@ -92,8 +94,11 @@ from little_es.orchestrator import (
 )
 from little_es.pricing import (
     ModelInfo,
+    RecordedPrices,
     get_model_info_for,
     price_usage,
+    price_usage_exact,
+    price_usage_picodollars,
     register_model_price,
     unregister_model_price,
 )
@@ -106,6 +111,8 @@ from little_es.values import (
     Message,
     ModelRequest,
     ModelResponse,
+    PicodollarPricer,
+    Pricer,
     ToolCall,
     ToolSpec,
     Usage,
@@ -157,6 +164,7 @@ __all__ = [
     "ModelConfigError",
     "ModelError",
     "ModelInfo",
+    "ModelPriceSet",
     "ModelRequest",
     "ModelResponded",
     "ModelResponse",
@@ -166,7 +174,12 @@ __all__ = [
     "OutputNotSerializableError",
     "ParallelBranchScheduled",
     "ParallelReplayMismatchError",
+    "PicodollarPricer",
+    "PriceBook",
+    "PriceBookEvent",
+    "Pricer",
     "PricingError",
+    "RecordedPrices",
     "ReplayPlanStep",
     "ReplayResult",
     "RetryPolicy",
@@ -239,6 +252,8 @@ __all__ = [
     "parallel",
     "postgres_world",
     "price_usage",
+    "price_usage_exact",
+    "price_usage_picodollars",
     "register_model_price",
     "replay_run",
     "resolve_tools",

@@ -1,4 +1,4 @@
-"""The three aggregates: ``Run``, ``HarnessSession`` and ``OuterLoop``.
+"""The aggregates: ``Run``, ``HarnessSession``, ``OuterLoop`` and a world's ``PriceBook``.
 
 An aggregate is a stream of events with a version. Commands go through
 :meth:`Aggregate.trigger`, which stamps the next version, applies the event to
@@ -26,10 +26,12 @@ from little_es.events import (
     Event,
     HarnessEvent,
     ModelCalled,
+    ModelPriceSet,
     ModelResponded,
     OuterLoopCycleCompleted,
     OuterLoopCycleStarted,
     OuterLoopEvent,
+    PriceBookEvent,
     RunEvent,
     SessionCompleted,
     SessionStarted,
@@ -41,8 +43,15 @@ from little_es.events import (
     WorldEvent,
     utc_now,
 )
-from little_es.ids import outer_loop_stream_id, run_stream_id, session_stream_id, world_stream_id
+from little_es.ids import (
+    outer_loop_stream_id,
+    price_book_stream_id,
+    run_stream_id,
+    session_stream_id,
+    world_stream_id,
+)
 from little_es.materialize import MaterializedRunState, RunFold, apply
+from little_es.pricing import RecordedPrices
 from little_es.values import Pricer, is_usage_cost_error, usage_cost_message
 
 E = TypeVar("E", bound=Event)
@@ -369,3 +378,37 @@ class WorldRecord(Aggregate):
     def restore(self, state: dict[str, Any]) -> None:
         """Never snapshotted."""
         raise NotImplementedError("the world stream is not snapshotted")
+
+
+class PriceBook(Aggregate):
+    """The prices recorded in a world: one stream per world, of :class:`ModelPriceSet` events.
+
+    Its state is a :class:`~little_es.pricing.RecordedPrices`, the first source
+    a world's pricer consults. It is short (one event per price set), so it is
+    never snapshotted.
+    """
+
+    type_name = "PriceBook"
+    event_base = PriceBookEvent
+
+    def __init__(self) -> None:
+        super().__init__(price_book_stream_id())
+        self._init_state()
+
+    def _init_state(self) -> None:
+        self.prices = RecordedPrices()
+
+    def apply(self, event: Event) -> None:
+        """Take a recorded price into the book."""
+        if isinstance(event, ModelPriceSet):
+            self.prices.add(event)
+
+    def snapshot_state(self) -> dict[str, Any]:
+        """Every recorded price, as JSON."""
+        return {"prices": [e.model_dump(mode="json") for e in self.prices.recorded]}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Load the recorded prices of a snapshot."""
+        self._init_state()
+        for item in state["prices"]:
+            self.apply(ModelPriceSet.model_validate(item))

@@ -5,7 +5,7 @@ Each concrete event class has a stable ``wire_name`` (``StepCompleted``,
 topic, shown by ``little events`` and exported; it does not depend on the
 Python module or class name, so code can be moved without rewriting history.
 
-Three streams (aggregates, see :mod:`little_es.domain`) carry these events:
+Four kinds of stream (aggregates, see :mod:`little_es.domain`) carry these events:
 
 * ``Run`` - :class:`RunStarted`, :class:`StepStarted`, :class:`StepCompleted`,
   :class:`StepFailed`, :class:`ParallelBranchScheduled`,
@@ -14,6 +14,8 @@ Three streams (aggregates, see :mod:`little_es.domain`) carry these events:
 * ``HarnessSession`` (one per attempt of an agent step) - the ``harness.*``
   events.
 * ``OuterLoop`` - the ``outer_loop.*`` events.
+* ``PriceBook`` (one per world) - :class:`ModelPriceSet`, the prices recorded
+  in the world.
 
 Schema changes never edit stored history. Bump ``class_version`` on the class
 and add a static method ``upcast_v{N}_v{N+1}(state: dict) -> None`` that turns
@@ -31,6 +33,7 @@ A user extends the run's domain model by subclassing :class:`RunEvent`::
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any, ClassVar, Final, Literal
 from uuid import UUID
 
@@ -370,6 +373,36 @@ class OuterLoopCompleted(OuterLoopEvent):
     wire_name: ClassVar[str] = "outer_loop.completed"
 
     cycles: int = Field(ge=0)
+
+
+# ---------------------------------------------------------------------- PriceBook
+
+
+class PriceBookEvent(Event):
+    """Base class of events on a world's ``PriceBook`` stream (one per world)."""
+
+
+class ModelPriceSet(PriceBookEvent):
+    """A model's price, in US dollars per million tokens, recorded in the world.
+
+    It prices every call of ``model_id`` at ``provider`` (exact id, lower case)
+    made at or after ``effective_from``, until a price with a later
+    ``effective_from`` takes over; calls made before keep the price they had
+    (:class:`little_es.pricing.RecordedPrices`). Prices are decimal strings in
+    the payload, so they read back exactly.
+    """
+
+    wire_name: ClassVar[str] = "price_book.model_price_set"
+
+    provider: str = Field(min_length=1)
+    model_id: str = Field(min_length=1)
+    input_per_mtok: Decimal = Field(ge=0, allow_inf_nan=False)
+    output_per_mtok: Decimal = Field(ge=0, allow_inf_nan=False)
+    cached_input_per_mtok: Decimal | None = Field(default=None, ge=0, allow_inf_nan=False)
+    """None: cached input tokens cost the same as other input tokens."""
+    reasoning_per_mtok: Decimal | None = Field(default=None, ge=0, allow_inf_nan=False)
+    """None: reasoning tokens cost the same as other output tokens."""
+    effective_from: datetime
 
 
 class Snapshot(Event):

@@ -84,3 +84,8 @@ def step_lease_id(run_id: str, step_path: str) -> str:
     """
     digest = hashlib.sha256(f"{validate_run_id(run_id)}\x00{step_path}".encode()).hexdigest()
     return f"step-{digest[:40]}"
+
+
+def price_book_stream_id() -> uuid.UUID:
+    """The UUID of the world's one ``PriceBook`` aggregate (the prices recorded in the world)."""
+    return uuid.uuid5(_NAMESPACE, "price_book")

@@ -12,10 +12,15 @@ however long the run is; :meth:`RunFold.freeze` returns the immutable
 
 Cost rules (the only place a dollar figure is produced):
 
-* each ``harness.model.responded`` is priced from its provider, model and token
-  counts by the :class:`~little_es.values.Pricer` the fold was given (a world
-  gives :func:`little_es.pricing.price_usage`); the reducer looks up no price
-  itself, so what a fold computes depends on its events and its pricer only;
+* each ``harness.model.responded`` is priced from its provider, model, token
+  counts and timestamp by the :class:`~little_es.values.Pricer` the fold was
+  given (a world gives its own, see :attr:`little_es.world.World.pricer`); the
+  reducer looks up no price itself, so what a fold computes depends on its
+  events and its pricer only;
+* a call's cost is kept in integer picodollars (:func:`picodollars`) and
+  every total is an integer sum of them, so totals are exact and the same in
+  whatever order the events are folded; ``cost_usd`` is a float made from the
+  exact figure at the edge, ``cost_usd_exact`` the exact figure itself;
 * a call whose model has no price adds nothing to ``cost_usd`` and one to
   ``unpriced_calls``; a scope's ``cost_usd`` is ``None`` only when it has calls
   and every one of them was unpriced; with no calls it is a true ``0.0``;
@@ -25,9 +30,10 @@ Cost rules (the only place a dollar figure is produced):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Literal
 from uuid import UUID
 
@@ -54,7 +60,15 @@ from little_es.events import (
     ToolCallStarted,
     ToolCallSucceeded,
 )
-from little_es.values import ArtifactRef, ErrorInfo, JSONValue, Pricer, Usage, UsageTotals
+from little_es.values import (
+    ArtifactRef,
+    ErrorInfo,
+    JSONValue,
+    PicodollarPricer,
+    Pricer,
+    Usage,
+    UsageTotals,
+)
 from little_es.workflow.paths import visit_key
 
 StepStatus = Literal["pending", "running", "completed", "failed"]
@@ -127,47 +141,85 @@ class MaterializedRunState(BaseModel):
     event_count: int = 0
 
 
+_PICO_EXPONENT = 12
+
+
+def picodollars(cost: Decimal) -> int:
+    """A call's exact cost in integer picodollars (10^-12 USD), rounded half to even.
+
+    A picodollar is 1/10,000 of one token of a model at $0.01 per million
+    tokens, so no listed price loses anything here; integers make every sum
+    exact, whatever the order of folding.
+    """
+    return int(cost.scaleb(_PICO_EXPONENT).to_integral_value(ROUND_HALF_EVEN))
+
+
+def _in_picodollars(pricer: Pricer) -> Callable[[str, str, Usage, datetime], int | None]:
+    if isinstance(pricer, PicodollarPricer):
+        return pricer.picodollars
+
+    def pusd(provider: str, model_id: str, usage: Usage, at: datetime) -> int | None:
+        cost = pricer(provider, model_id, usage, at)
+        return None if cost is None else picodollars(cost)
+
+    return pusd
+
+
+def dollars(pusd: int) -> Decimal:
+    """Picodollars as exact US dollars, without trailing zeros (``Decimal('0.0025')``)."""
+    if not pusd:
+        return Decimal(0)
+    usd = Decimal(pusd).scaleb(-_PICO_EXPONENT).normalize()
+    return usd.quantize(Decimal(1)) if usd.as_tuple().exponent > 0 else usd  # type: ignore[operator]
+
+
 @dataclass(slots=True)
 class _UsageSum:
     input_tokens: int = 0
     output_tokens: int = 0
     cached_input_tokens: int = 0
     reasoning_tokens: int = 0
-    cost_usd: float = 0.0
+    cost_pusd: int = 0
+    """Picodollars: integers, so a sum never depends on the order it was added in."""
     priced_calls: int = 0
     unpriced_calls: int = 0
 
-    def add(self, u: Usage, cost: float | None) -> None:
+    def add(self, u: Usage, cost_pusd: int | None) -> None:
         self.input_tokens += u.input_tokens
         self.output_tokens += u.output_tokens
         self.cached_input_tokens += u.cached_input_tokens
         self.reasoning_tokens += u.reasoning_tokens
-        if cost is None:
+        if cost_pusd is None:
             self.unpriced_calls += 1
         else:
             self.priced_calls += 1
-            self.cost_usd += cost
+            self.cost_pusd += cost_pusd
 
     @classmethod
     def from_totals(cls, totals: UsageTotals) -> _UsageSum:
+        exact = totals.cost_usd_exact
         return cls(
             input_tokens=totals.input_tokens,
             output_tokens=totals.output_tokens,
             cached_input_tokens=totals.cached_input_tokens,
             reasoning_tokens=totals.reasoning_tokens,
-            cost_usd=totals.cost_usd or 0.0,
+            cost_pusd=0 if exact is None else picodollars(exact),
             priced_calls=totals.calls - totals.unpriced_calls,
             unpriced_calls=totals.unpriced_calls,
         )
 
     def freeze(self) -> UsageTotals:
         calls = self.priced_calls + self.unpriced_calls
-        return UsageTotals(
+        unpriced = calls and not self.priced_calls
+        pusd = self.cost_pusd
+        return UsageTotals.model_construct(
             input_tokens=self.input_tokens,
             output_tokens=self.output_tokens,
             cached_input_tokens=self.cached_input_tokens,
             reasoning_tokens=self.reasoning_tokens,
-            cost_usd=None if calls and not self.priced_calls else self.cost_usd,
+            # int / int is correctly rounded: the float nearest the exact figure.
+            cost_usd=None if unpriced else pusd / 10**_PICO_EXPONENT,
+            cost_usd_exact=None if unpriced else dollars(pusd),
             unpriced_calls=self.unpriced_calls,
             calls=calls,
         )
@@ -234,6 +286,10 @@ class RunFold:
     """
 
     pricer: Pricer
+    pusd: Callable[[str, str, Usage, datetime], int | None] = field(
+        init=False, repr=False, compare=False
+    )
+    """``pricer`` in picodollars: its own method if it has one, else its Decimal converted."""
     run_id: str | None = None
     workflow_id: str | None = None
     workflow_version: str | None = None
@@ -256,6 +312,9 @@ class RunFold:
     updated_at: datetime | None = None
     completed_at: datetime | None = None
     event_count: int = 0
+
+    def __post_init__(self) -> None:
+        self.pusd = _in_picodollars(self.pricer)
 
     @classmethod
     def from_state(
@@ -390,7 +449,7 @@ def apply(state: RunFold, event: Event) -> RunFold:
         case ModelResponded():
             # Priced once, here: the one place a dollar figure is produced.
             r = event.response
-            cost = state.pricer(r.provider, r.model, r.usage)
+            cost = state.pusd(r.provider, r.model, r.usage, event.timestamp)
             state.usage.add(r.usage, cost)
             path = event.step_path or state.session_steps.get(event.originator_id)
             if path is not None and path in state.steps:

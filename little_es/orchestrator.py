@@ -61,7 +61,13 @@ from little_es.errors import (
 from little_es.events import SubRunReserved
 from little_es.harness.tools import Tool, ToolContext
 from little_es.ids import validate_run_id
-from little_es.materialize import COUNTED_ONLY, MaterializedRunState, RunStatus
+from little_es.materialize import (
+    COUNTED_ONLY,
+    MaterializedRunState,
+    RunStatus,
+    dollars,
+    picodollars,
+)
 from little_es.values import JSONValue, UsageTotals
 from little_es.workflow.authoring import Workflow
 from little_es.world import World
@@ -344,15 +350,22 @@ def list_sub_runs(world: World, run_id: str) -> tuple[SubRunSummary, ...]:
 
 
 def sum_usage(totals: Sequence[UsageTotals]) -> UsageTotals:
-    """The totals of several scopes: cost is None only when there were calls and none was priced."""
+    """The totals of several scopes: cost is None only when there were calls and none was priced.
+
+    The cost is summed exactly (in picodollars, as the reducer does), so it is the
+    same in whatever order the scopes come.
+    """
     calls = sum(t.calls for t in totals)
     unpriced = sum(t.unpriced_calls for t in totals)
+    none_priced = bool(calls) and calls == unpriced
+    pusd = sum(picodollars(t.cost_usd_exact) for t in totals if t.cost_usd_exact is not None)
     return UsageTotals(
         input_tokens=sum(t.input_tokens for t in totals),
         output_tokens=sum(t.output_tokens for t in totals),
         cached_input_tokens=sum(t.cached_input_tokens for t in totals),
         reasoning_tokens=sum(t.reasoning_tokens for t in totals),
-        cost_usd=None if calls and calls == unpriced else sum(t.cost_usd or 0.0 for t in totals),
+        cost_usd=None if none_priced else float(dollars(pusd)),
+        cost_usd_exact=None if none_priced else dollars(pusd),
         unpriced_calls=unpriced,
         calls=calls,
     )

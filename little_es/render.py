@@ -14,6 +14,7 @@ an example: each takes the data (or the world and a run id) and a
 * :func:`render_runs` - the runs of a world (``little runs``);
 * :func:`render_verify` - what :func:`~little_es.verify.verify_world` found
   (``little verify``);
+* :func:`render_prices` - the prices recorded in a world (``little prices list``);
 * :class:`StepBoard` - the live table of steps ``little run`` shows.
 
 Statuses are coloured from one table, :data:`STATUS_STYLES`; costs are shown by
@@ -35,7 +36,7 @@ from rich.table import Table
 from rich.tree import Tree
 
 from little_es.backends.base import RunSummary
-from little_es.events import Event, StepCompleted, StepFailed, StepStarted
+from little_es.events import Event, ModelPriceSet, StepCompleted, StepFailed, StepStarted
 from little_es.materialize import MaterializedRunState
 from little_es.orchestrator import RunTree, SubRunSummary, list_sub_runs, run_tree, sum_usage
 from little_es.replay import ReplayResult, read_run_state
@@ -48,6 +49,7 @@ __all__ = [
     "StepBoard",
     "cost_text",
     "render_events",
+    "render_prices",
     "render_replay",
     "render_report",
     "render_runs",
@@ -383,6 +385,38 @@ def _count(n: int, noun: str) -> str:
 
 def _held(problem: str | None) -> str:
     return "[green]ok[/]" if problem is None else "[red]BROKEN[/]"
+
+
+def render_prices(prices: Sequence[ModelPriceSet], world_name: str, console: Console) -> None:
+    """Print the prices recorded in the world ``world_name``, in the order they were recorded.
+
+    Prints one line saying so when there are none. ``=`` in the cached or
+    reasoning column: those tokens cost the same as the other input or output tokens.
+    """
+    if not prices:
+        console.print(f"no prices recorded in world {escape(world_name)}")
+        return
+    table = Table(
+        title=f"prices in {escape(world_name)} (USD per million tokens)", box=box.SIMPLE_HEAD
+    )
+    table.add_column("provider", overflow="fold")
+    table.add_column("model", overflow="fold")
+    table.add_column("input", justify="right", no_wrap=True)
+    table.add_column("cached input", justify="right", no_wrap=True)
+    table.add_column("output", justify="right", no_wrap=True)
+    table.add_column("reasoning", justify="right", no_wrap=True)
+    table.add_column("effective from", no_wrap=True)
+    for p in prices:
+        table.add_row(
+            escape(p.provider),
+            escape(p.model_id),
+            f"{p.input_per_mtok:f}",
+            "=" if p.cached_input_per_mtok is None else f"{p.cached_input_per_mtok:f}",
+            f"{p.output_per_mtok:f}",
+            "=" if p.reasoning_per_mtok is None else f"{p.reasoning_per_mtok:f}",
+            p.effective_from.isoformat(timespec="seconds"),
+        )
+    console.print(table)
 
 
 class StepBoard:

@@ -9,7 +9,9 @@ exactly as it was.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Protocol
+from datetime import datetime
+from decimal import Decimal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import ErrorDetails
@@ -192,7 +194,12 @@ class ErrorInfo(BaseModel):
 
 
 class UsageTotals(BaseModel):
-    """Token and dollar totals of a scope (a step, or the whole run)."""
+    """Token and dollar totals of a scope (a step, or the whole run).
+
+    ``cost_usd_exact`` is the exact sum (each call's cost to the picodollar,
+    summed in integers, so it never depends on the order calls were folded);
+    ``cost_usd`` is the same figure as a float, for display. Sum exact figures.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -202,16 +209,54 @@ class UsageTotals(BaseModel):
     reasoning_tokens: int = 0
     cost_usd: float | None = 0.0
     """USD over the priced calls; None only when there were calls and none was priced."""
+    cost_usd_exact: Decimal | None = Decimal(0)
+    """``cost_usd`` exactly (None when it is None)."""
     unpriced_calls: int = 0
     calls: int = 0
 
+    @model_validator(mode="before")
+    @classmethod
+    def _exact_and_float_agree(cls, data: Any) -> Any:
+        # One given without the other (a state stored before the exact field existed,
+        # or a hand-built total): derive the missing one, so both always say the same.
+        if isinstance(data, dict):
+            has_float, has_exact = "cost_usd" in data, "cost_usd_exact" in data
+            if has_float and not has_exact:
+                value = data["cost_usd"]
+                exact = None if value is None else Decimal(repr(float(value)))
+                data = {**data, "cost_usd_exact": exact}
+            elif has_exact and not has_float:
+                exact = data["cost_usd_exact"]
+                data = {**data, "cost_usd": None if exact is None else float(Decimal(exact))}
+        return data
+
 
 class Pricer(Protocol):
-    """Prices one model call: USD for ``usage`` of ``model_id`` at ``provider``, or None.
+    """Prices one model call made at ``at``: exact USD for ``usage`` of ``model_id``, or None.
 
     None means the model has no known price (the call counts as unpriced).
-    The reducer is handed one rather than looking prices up itself, so the
-    same fold gives the same dollars wherever the pricer comes from.
+    ``at`` is the call's time (the ``harness.model.responded`` timestamp), so a
+    price that changed since is applied as it was then. The reducer is handed
+    one rather than looking prices up itself, so the same fold gives the same
+    dollars wherever the pricer comes from: a world's is
+    :meth:`little_es.world.World.pricer`, :func:`little_es.pricing.price_usage_exact`
+    is one without the world's recorded prices.
     """
 
-    def __call__(self, provider: str, model_id: str, usage: Usage) -> float | None: ...
+    def __call__(
+        self, provider: str, model_id: str, usage: Usage, at: datetime
+    ) -> Decimal | None: ...
+
+
+@runtime_checkable
+class PicodollarPricer(Pricer, Protocol):
+    """A :class:`Pricer` that also gives a call's cost in integer picodollars (10^-12 USD).
+
+    The reducer sums picodollars; given a pricer of this kind it asks for them
+    directly instead of converting each Decimal (a world's pricer is one). The
+    two must agree: ``picodollars(...)`` is ``__call__(...)`` rounded half to even.
+    """
+
+    def picodollars(
+        self, provider: str, model_id: str, usage: Usage, at: datetime
+    ) -> int | None: ...

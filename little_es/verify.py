@@ -23,6 +23,7 @@ from little_es.codec import PydanticMapper
 from little_es.errors import ArtifactError, EventLogError, RunNotFoundError
 from little_es.events import (
     Event,
+    ModelPriceSet,
     OuterLoopStarted,
     RunStarted,
     SessionStarted,
@@ -44,7 +45,7 @@ class StreamCheck(BaseModel):
 
     stream_id: UUID
     kind: str
-    """``run``, ``session``, ``outer_loop``, ``world``, or ``stream`` (none of those)."""
+    """``run``, ``session``, ``outer_loop``, ``world``, ``prices`` or ``stream``."""
     name: str
     """The run id, ``run_id/step_path#attempt`` of a session, the loop id, or the stream id."""
     events: int
@@ -245,6 +246,8 @@ def _identify(stream_id: UUID, events: list[Event]) -> tuple[str, str]:
         return "outer_loop", first.outer_loop_id
     if isinstance(first, WorldCreated):
         return "world", first.world_id
+    if isinstance(first, ModelPriceSet):
+        return "prices", "price book"
     return "stream", str(stream_id)
 
 

@@ -23,8 +23,11 @@ import gc
 import heapq
 import os
 import re
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from datetime import UTC, datetime
+from decimal import Decimal
 from operator import attrgetter
 from pathlib import Path
 from types import TracebackType
@@ -50,11 +53,12 @@ from little_es.chain import (
     verify_stream,
 )
 from little_es.codec import OrjsonTranscoder, PydanticMapper
-from little_es.domain import Aggregate, HarnessSession, OuterLoop, Run, WorldRecord
+from little_es.domain import Aggregate, HarnessSession, OuterLoop, PriceBook, Run, WorldRecord
 from little_es.errors import (
     ConcurrencyConflictError,
     EventLogError,
     LogTamperedError,
+    PricingError,
     RunNotFoundError,
     WorldConfigError,
     WorldIntegrityError,
@@ -63,16 +67,29 @@ from little_es.events import (
     LOG_FORMAT_CHAINED,
     LOG_FORMAT_UNCHAINED,
     Event,
+    ModelPriceSet,
     RunEvent,
     Snapshot,
     StepStarted,
     WorldCreated,
+    utc_now,
 )
 from little_es.faults import after_append
-from little_es.ids import outer_loop_stream_id, run_stream_id, validate_run_id, world_stream_id
+from little_es.ids import (
+    outer_loop_stream_id,
+    price_book_stream_id,
+    run_stream_id,
+    validate_run_id,
+    world_stream_id,
+)
 from little_es.materialize import MaterializedRunState, materialize_run_state
-from little_es.pricing import price_usage
-from little_es.values import Pricer
+from little_es.pricing import (
+    checked_price,
+    normalized_model_key,
+    price_usage_exact,
+    price_usage_picodollars,
+)
+from little_es.values import Pricer, Usage
 
 WORLD_ENV_VAR = "LITTLE_ES_WORLD"
 DEFAULT_DATA_DIR = ".little-workflow"
@@ -129,9 +146,10 @@ class LittleApplication(Application[UUID]):
     snapshotting_intervals: ClassVar[dict[type[Any], int]] = {Run: RUN_SNAPSHOT_INTERVAL}
     """First snapshot version per aggregate class; later ones double it (World.save)."""
     snapshotting_projectors: ClassVar[dict[type[Any], Any]] = {
-        Run: _run_projector(lambda: price_usage),
+        Run: _run_projector(lambda: price_usage_exact),
         HarnessSession: _projector(HarnessSession),
         OuterLoop: _projector(OuterLoop),
+        PriceBook: _projector(PriceBook),
     }
     """eventsourcing's own snapshotting reads these; a world loads runs with its own pricer."""
 
@@ -200,6 +218,90 @@ class _RecordedElsewhereError(Exception):
     """A new world's first save lost the race to record the world (see :meth:`World.save`)."""
 
 
+_LONG_AGO = datetime.min.replace(tzinfo=UTC)
+_SET_PRICE_ATTEMPTS = 3
+
+
+class _BookPricer:
+    """A world's pricer: its price book, then this process's overrides, then genai-prices.
+
+    The book is read when the first call is priced, and read again whenever a
+    call to price was made after the last read began:
+    a price set by any process before a call is then in the book that prices
+    it. A call made before the last read needs no read: a price recorded since
+    is effective from its own recording (or the moment it names), so it can
+    only be one set with an ``effective_from`` in the past.
+    """
+
+    __slots__ = ("_book", "_fresh_until", "_lock", "_pusd", "_world")
+
+    def __init__(self, world: World) -> None:
+        self._world = world
+        self._lock = threading.RLock()
+        self._reset()
+
+    def _reset(self) -> None:
+        self._book = PriceBook()
+        self._fresh_until = _LONG_AGO
+        self._pusd: Callable[[str, str, Usage, datetime], int | None] = price_usage_picodollars
+
+    def _took(self, book: PriceBook) -> None:
+        # An empty book (the usual case) prices straight from the lookup: one call less per call.
+        self._pusd = book.prices.picodollars if book.prices.recorded else price_usage_picodollars
+
+    def __call__(self, provider: str, model_id: str, usage: Usage, at: datetime) -> Decimal | None:
+        self._check_fresh(at)
+        return self._book.prices(provider, model_id, usage, at)
+
+    def picodollars(self, provider: str, model_id: str, usage: Usage, at: datetime) -> int | None:
+        """The cost in integer picodollars, as the reducer sums it (a ``PicodollarPricer``)."""
+        # _check_fresh inlined for the usual case: the reducer calls this once per model call.
+        fresh = self._fresh_until
+        if at.tzinfo is not fresh.tzinfo or at >= fresh:
+            self._check_fresh(at)
+        return self._pusd(provider, model_id, usage, at)
+
+    def _check_fresh(self, at: datetime) -> None:
+        fresh = self._fresh_until
+        if at.tzinfo is not fresh.tzinfo:
+            # Aware datetimes with distinct tzinfo objects compare ten times slower (both
+            # offsets are asked for); a log's decoded timestamps share one, so convert once.
+            fresh = self._fresh_until = fresh.astimezone(at.tzinfo)
+        if at >= fresh:
+            self.refresh()
+
+    def refresh(self) -> PriceBook:
+        """The book with every price recorded so far.
+
+        Loaded whole, as every stream is read: its chain is verified from the
+        first event, and the aggregate can append after its last one.
+        """
+        with self._lock:
+            started = utc_now()
+            book = self._world.load_price_book() or PriceBook()
+            self._book = book
+            self._took(book)
+            self._fresh_until = started
+            return book
+
+    def set(self, **fields: object) -> ModelPriceSet:
+        with self._lock:
+            for attempt in range(1, _SET_PRICE_ATTEMPTS + 1):
+                book = self.refresh()
+                event = book.trigger(ModelPriceSet, **fields)
+                try:
+                    self._world.save(book)
+                except ConcurrencyConflictError:
+                    # Another process recorded a price first: read the book afresh and retry.
+                    self._reset()
+                    if attempt == _SET_PRICE_ATTEMPTS:
+                        raise
+                    continue
+                self._took(book)
+                return event
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
 class World:
     """Runs' event logs and artifacts in one place. Use as a context manager to close it.
 
@@ -207,18 +309,25 @@ class World:
     :class:`~little_es.backends.base.Backend` opened with :class:`LittleApplication`.
     """
 
-    def __init__(self, backend: Backend, *, pricer: Pricer = price_usage) -> None:
+    def __init__(self, backend: Backend, *, pricer: Pricer | None = None) -> None:
         app = backend.app
         assert isinstance(app, LittleApplication)
         self.backend = backend
         self.app = app
-        self.pricer = pricer
-        """Prices the model calls of every run this world folds (loads, replays, projects)."""
+        self._book_pricer = _BookPricer(self)
+        self.pricer: Pricer = self._book_pricer if pricer is None else pricer
+        """Prices the model calls of every run this world folds (loads, replays, projects).
+
+        By default: the prices recorded in this world (:meth:`set_model_price`),
+        then this process's :func:`~little_es.pricing.register_model_price`
+        overrides, then genai-prices, each at the call's timestamp. A pricer
+        given to the constructor replaces all three."""
         self._blanks: dict[type[Aggregate], Callable[[UUID], Any]] = {
             Run: lambda sid: Run.from_stream(sid, (), self.pricer),
             HarnessSession: lambda sid: HarnessSession.from_events(sid, ()),
             OuterLoop: lambda sid: OuterLoop.from_events(sid, ()),
             WorldRecord: lambda sid: WorldRecord.from_events(sid, ()),
+            PriceBook: lambda sid: PriceBook.from_events(sid, ()),
         }
         self.artifacts = backend.artifacts
         self.leases = backend.leases
@@ -394,6 +503,56 @@ class World:
         data = frame(aggregate.chain_digest, aggregate.id, version, topic, payload)
         self.app.snapshots.recorder.insert_events([StoredEvent(aggregate.id, version, topic, data)])
 
+    def set_model_price(
+        self,
+        provider: str,
+        model_id: str,
+        *,
+        input_per_mtok: float | Decimal,
+        output_per_mtok: float | Decimal,
+        cached_input_per_mtok: float | Decimal | None = None,
+        reasoning_per_mtok: float | Decimal | None = None,
+        effective_from: datetime | None = None,
+    ) -> ModelPriceSet:
+        """Record a model's price (USD per million tokens) in this world, for every process.
+
+        Appends a :class:`~little_es.events.ModelPriceSet` to the world's price
+        book. It prices the calls of ``model_id`` at ``provider`` (exact id,
+        case-insensitive) made from ``effective_from`` (default: now) on, in
+        every fold of every process (``little report``, replays, the runs read
+        model), before any :func:`~little_es.pricing.register_model_price`
+        override or genai-prices; calls made earlier keep their price. Pass an
+        ``effective_from`` in the past to price calls already recorded (the runs
+        read model keeps the figures it folded before; ``little report`` and
+        replays fold afresh). Returns the recorded event.
+
+        Raises :class:`~little_es.errors.PricingError` for an empty name, a
+        price that is negative or not a finite number, or a naive ``effective_from``.
+        """
+        key = normalized_model_key(provider, model_id)
+        if effective_from is not None and effective_from.utcoffset() is None:
+            raise PricingError(
+                f"effective_from must be timezone-aware, got {effective_from!r}:"
+                " pass e.g. datetime(2026, 1, 1, tzinfo=UTC)"
+            )
+        return self._book_pricer.set(
+            provider=key[0],
+            model_id=key[1],
+            input_per_mtok=checked_price("input_per_mtok", input_per_mtok),
+            output_per_mtok=checked_price("output_per_mtok", output_per_mtok),
+            cached_input_per_mtok=None
+            if cached_input_per_mtok is None
+            else checked_price("cached_input_per_mtok", cached_input_per_mtok),
+            reasoning_per_mtok=None
+            if reasoning_per_mtok is None
+            else checked_price("reasoning_per_mtok", reasoning_per_mtok),
+            effective_from=utc_now() if effective_from is None else effective_from.astimezone(UTC),
+        )
+
+    def model_prices(self) -> tuple[ModelPriceSet, ...]:
+        """Every price recorded in this world (:meth:`set_model_price`), in the order recorded."""
+        return tuple(self._book_pricer.refresh().prices.recorded)
+
     def record_run_event(self, run_id: str, event_class: type[E], **fields: Any) -> E:
         """Append one event of your own (a :class:`RunEvent` subclass) to a run's stream."""
         run = self.load_run(run_id)
@@ -497,6 +656,10 @@ class World:
     def load_session(self, session_id: UUID) -> HarnessSession | None:
         """A harness session, or None if it was never started."""
         return self._load(HarnessSession, session_id)
+
+    def load_price_book(self) -> PriceBook | None:
+        """The prices recorded in this world, or None before the first."""
+        return self._load(PriceBook, price_book_stream_id())
 
     def load_outer_loop(self, outer_loop_id: str) -> OuterLoop | None:
         """An outer loop, or None."""

@@ -27,7 +27,7 @@ from little_es.events import (
     registered_wire_names,
 )
 from little_es.ids import run_stream_id, session_stream_id
-from little_es.pricing import price_usage
+from little_es.pricing import price_usage_exact
 from little_es.testing.logs import append_raw_row
 from little_es.values import Message, ModelResponse, Usage
 from little_es.world import World
@@ -88,7 +88,7 @@ class Unnamed(RunEvent):
 
 
 def _started_run(world: World, run_id: str) -> Run:
-    run = Run(run_id, price_usage)
+    run = Run(run_id, price_usage_exact)
     run.trigger(RunStarted, run_id=run_id, workflow_id="w", workflow_version="1", ir_hash="0" * 64)
     world.save(run)
     return run
@@ -107,7 +107,7 @@ def _raw(payload: dict[str, Any]) -> bytes:
 
 
 def test_stored_topic_is_the_wire_name_and_state_omits_the_stream_columns(world: World) -> None:
-    run = Run("run_wire", price_usage)
+    run = Run("run_wire", price_usage_exact)
     session = HarnessSession("run_wire", "a", 1)
     run.trigger(RunStarted, run_id="run_wire", workflow_id="w", workflow_version="1", ir_hash="0")
     run.trigger(
@@ -169,7 +169,7 @@ def test_an_event_no_stream_placed_says_so() -> None:
 
 
 def _unsaved_run(run_id: str) -> Run:
-    run = Run(run_id, price_usage)
+    run = Run(run_id, price_usage_exact)
     run.trigger(RunStarted, run_id=run_id, workflow_id="w", workflow_version="1", ir_hash="0" * 64)
     return run
 
@@ -200,7 +200,7 @@ def test_unknown_topic_names_topic_and_stream_and_run(world: World) -> None:
 
 
 def test_unknown_topic_in_a_session_stream_names_the_run(world: World) -> None:
-    run = Run("run_unknown_session", price_usage)
+    run = Run("run_unknown_session", price_usage_exact)
     session_id = session_stream_id("run_unknown_session", "a", 1)
     run.trigger(
         RunStarted, run_id="run_unknown_session", workflow_id="w", workflow_version="1", ir_hash="0"

@@ -28,7 +28,7 @@ from little_es.events import (
     event_class_for,
     registered_wire_names,
 )
-from little_es.pricing import price_usage
+from little_es.pricing import price_usage_exact
 from little_es.world import World, local_world
 from tests.conftest import WorldSpec
 
@@ -48,7 +48,7 @@ def test_the_write_ahead_records_are_exactly_the_in_flight_markers() -> None:
 
 
 def _started(world: World, run_id: str) -> Run:
-    run = Run(run_id, price_usage)
+    run = Run(run_id, price_usage_exact)
     run.trigger(RunStarted, run_id=run_id, workflow_id="w", workflow_version="1", ir_hash="0")
     world.save(run)
     return run

@@ -23,7 +23,7 @@ from little_es.events import (
 )
 from little_es.ids import run_stream_id
 from little_es.materialize import materialize_run_state
-from little_es.pricing import price_usage
+from little_es.pricing import price_usage_exact
 from little_es.world import World
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ class ApprovalGranted(RunEvent):
 
 
 def _start(world: World, run_id: str) -> None:
-    run = Run(run_id, price_usage)
+    run = Run(run_id, price_usage_exact)
     run.trigger(RunStarted, run_id=run_id, workflow_id="w", workflow_version="1", ir_hash="0")
     world.save(run)
 
@@ -74,7 +74,7 @@ def test_user_event_is_stored_and_read_back_by_wire_name(world: World) -> None:
     assert event_class_for("ApprovalRequested") is ApprovalRequested
     assert "ApprovalRequested" in registered_wire_names()
     # The one reducer counts events it does not know, and the aggregate folds them.
-    assert materialize_run_state(log, pricer=price_usage).event_count == 3
+    assert materialize_run_state(log, pricer=price_usage_exact).event_count == 3
     assert world.load_run("run_approval").version == 3
 
 

@@ -24,7 +24,7 @@ from little_es.ids import (
     session_stream_id,
     validate_run_id,
 )
-from little_es.pricing import price_usage
+from little_es.pricing import price_usage_exact
 from little_es.world import World, local_world
 
 _REPO = Path(__file__).resolve().parents[1]
@@ -79,7 +79,7 @@ def _entry_points(world: World, bad: Any) -> list[Callable[[], object]]:
         lambda: world.record_run_event(bad, StepStarted),
         lambda: world.run_lease(bad),
         lambda: world.artifacts.put(b"bytes", run_id=bad, step_path="s"),
-        lambda: Run(bad, price_usage),
+        lambda: Run(bad, price_usage_exact),
         lambda: HarnessSession(bad, "s", 1),
         lambda: OuterLoop(bad),
         lambda: run_stream_id(bad),
@@ -109,7 +109,7 @@ def test_bad_run_id_is_refused_before_anything_touches_disk(tmp_path: Path, bad:
 def test_valid_run_ids_are_accepted_and_usable(tmp_path: Path, good: str) -> None:
     assert validate_run_id(good) == good
     with local_world(tmp_path / "world") as world:
-        run = Run(good, price_usage)
+        run = Run(good, price_usage_exact)
         run.trigger(RunStarted, run_id=good, workflow_id="w", workflow_version="1", ir_hash="0")
         world.save(run)
         with world.run_lease(good):

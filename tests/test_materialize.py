@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from datetime import datetime
+from decimal import Decimal
 
 import pytest
 
+from little_es.events import ModelResponded
 from little_es.materialize import (
     MaterializedRunState,
     RunFold,
@@ -19,7 +22,7 @@ from little_es.materialize import (
     materialize_run_state,
     visit_counter,
 )
-from little_es.pricing import price_usage
+from little_es.pricing import price_usage, price_usage_exact
 from little_es.replay import replay_run
 from little_es.testing.logs import Call, RunWriter, priced, unpriced
 from little_es.values import Usage, UsageTotals
@@ -41,7 +44,7 @@ def _cost(calls: Sequence[Call]) -> float:
 
 
 def _state(world: World, run_id: str) -> MaterializedRunState:
-    return materialize_run_state(world.read_run_log(run_id), pricer=price_usage)
+    return materialize_run_state(world.read_run_log(run_id), pricer=price_usage_exact)
 
 
 # ---------------------------------------------------------------- the pricer
@@ -51,17 +54,21 @@ def test_the_fold_prices_with_the_pricer_it_is_given_and_nothing_else(mem: World
     w = RunWriter(mem, "run_pricer")
     w.agent_step("a", [priced(), unpriced()])
     log = mem.read_run_log("run_pricer")
-    seen: list[tuple[str, str, int]] = []
+    seen: list[tuple[str, str, int, datetime]] = []
 
-    def flat(provider: str, model_id: str, usage: Usage) -> float | None:
-        seen.append((provider, model_id, usage.input_tokens))
-        return 0.25
+    def flat(provider: str, model_id: str, usage: Usage, at: datetime) -> Decimal | None:
+        seen.append((provider, model_id, usage.input_tokens, at))
+        return Decimal("0.25")
 
     flat_state = materialize_run_state(log, pricer=flat)
     assert flat_state.usage.cost_usd == 0.5
+    assert flat_state.usage.cost_usd_exact == Decimal("0.5")
     assert flat_state.usage.unpriced_calls == 0
     assert len(seen) == 2
-    none_state = materialize_run_state(log, pricer=lambda provider, model_id, usage: None)
+    # Each call is priced at the moment it was answered.
+    responded = [e.timestamp for e in log if isinstance(e, ModelResponded)]
+    assert [at for *_, at in seen] == responded
+    none_state = materialize_run_state(log, pricer=lambda provider, model_id, usage, at: None)
     assert none_state.usage.cost_usd is None
     assert none_state.usage.unpriced_calls == 2
     # A world hands its own pricer to every fold it makes: replay and loaded runs alike.
@@ -226,13 +233,13 @@ def test_fold_continues_from_a_materialized_state(mem: World) -> None:
     w.agent_step("b", [priced(input_tokens=7)], complete=False)
     log = mem.read_run_log("run_resume_fold")
     half = len(log) // 2
-    first = RunFold(price_usage)
+    first = RunFold(price_usage_exact)
     for event in log[:half]:
         apply(first, event)
-    second = RunFold.from_state(first.freeze(), price_usage)
+    second = RunFold.from_state(first.freeze(), price_usage_exact)
     for event in log[half:]:
         apply(second, event)
-    assert second.freeze() == materialize_run_state(log, pricer=price_usage)
+    assert second.freeze() == materialize_run_state(log, pricer=price_usage_exact)
 
 
 def test_freezing_as_the_fold_goes_equals_freezing_once(mem: World) -> None:
@@ -245,12 +252,12 @@ def test_freezing_as_the_fold_goes_equals_freezing_once(mem: World) -> None:
     w.task_step("b", {"ok": True}, attempt=2)
     w.agent_step("c", [priced()], complete=False)
     log = mem.read_run_log("run_freeze_often")
-    often = RunFold(price_usage)
+    often = RunFold(price_usage_exact)
     for i, event in enumerate(log):
         apply(often, event)
-        assert often.freeze() == materialize_run_state(log[: i + 1], pricer=price_usage)
-    assert often.freeze() == materialize_run_state(log, pricer=price_usage)
-    resumed = RunFold.from_state(often.freeze(), price_usage)
+        assert often.freeze() == materialize_run_state(log[: i + 1], pricer=price_usage_exact)
+    assert often.freeze() == materialize_run_state(log, pricer=price_usage_exact)
+    resumed = RunFold.from_state(often.freeze(), price_usage_exact)
     assert resumed.freeze() == often.freeze()
 
 

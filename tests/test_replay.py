@@ -24,7 +24,7 @@ from little_es.errors import (
 from little_es.events import SessionCompleted, SessionStarted, ToolCallStarted, utc_now
 from little_es.ids import run_stream_id
 from little_es.materialize import materialize_run_state
-from little_es.pricing import price_usage
+from little_es.pricing import price_usage_exact
 from little_es.replay import ReplayPlanStep, ReplayResult, replay_run
 from little_es.testing.logs import (
     RunWriter,
@@ -373,7 +373,7 @@ def test_replay_equals_the_fold_of_every_event(world: World, shape: str) -> None
         w.sessions["a"].trigger(SessionCompleted, usage=Usage(), turns=2, output="x")
         world.save(w.sessions["a"])
     replayed = replay_run(world, run_id).state
-    assert replayed == materialize_run_state(world.read_run_log(run_id), pricer=price_usage)
+    assert replayed == materialize_run_state(world.read_run_log(run_id), pricer=price_usage_exact)
     assert replayed.event_count == len(world.read_run_log(run_id))
     assert replayed.updated_at == world.read_run_log(run_id)[-1].timestamp
 

@@ -50,7 +50,7 @@ from little_es.events import (
 )
 from little_es.harness.model import ScriptedModel, ScriptedReply
 from little_es.materialize import materialize_run_state
-from little_es.pricing import price_usage
+from little_es.pricing import price_usage_exact
 from little_es.values import ArtifactRef
 from little_es.workflow.authoring import (
     Workflow,
@@ -162,7 +162,7 @@ async def test_steps_run_in_list_order_and_the_last_output_is_the_run_output(
     started = _of(events, RunStarted)[0]
     assert (started.workflow_id, started.ir_hash, started.input) == ("order", wf.ir_hash, {"q": 1})
     # The runtime's live state is the reducer's fold of the stored log.
-    assert result.state == materialize_run_state(events, pricer=price_usage)
+    assert result.state == materialize_run_state(events, pricer=price_usage_exact)
     assert result.state.status == "completed"
     assert {p: s.status for p, s in result.state.steps.items()} == dict.fromkeys(
         ["a", "b", "c"], "completed"
@@ -283,7 +283,7 @@ async def test_a_loop_past_max_visits_fails_the_run_with_visit_limit_error(
     assert isinstance(events[-1], RunFailed)
     assert events[-1].error.type == "VisitLimitError"
     assert events[-1].error.retryable is False
-    state = materialize_run_state(events, pricer=price_usage)
+    state = materialize_run_state(events, pricer=price_usage_exact)
     assert state.status == "failed"
     assert state.error is not None and state.error.type == "VisitLimitError"
     assert dict(state.visits) == {"draft": 2, "review": 2}
@@ -638,7 +638,7 @@ async def test_exhausted_retries_fail_the_run_and_a_resume_after_the_fix_continu
     assert [(f.attempt, f.will_retry) for f in _of(events, StepFailed)] == [(1, True), (2, False)]
     assert isinstance(events[-1], RunFailed)
     assert events[-1].step_path == "fragile"
-    state = materialize_run_state(events, pricer=price_usage)
+    state = materialize_run_state(events, pricer=price_usage_exact)
     assert (state.status, state.failed_step_path) == ("failed", "fragile")
     assert state.steps["fragile"].status == "failed"
     assert "finish" not in ledger.paths
@@ -687,7 +687,7 @@ async def test_an_attempt_in_flight_after_a_resume_keeps_the_fresh_budget(
     assert [(f.attempt, f.will_retry) for f in failed] == [(1, True), (2, False), (3, True)]
     # The budget survives a snapshot of the run, which the read model does not show.
     run = reopen().load_run("run_budget")
-    restored = Run("run_budget", price_usage)
+    restored = Run("run_budget", price_usage_exact)
     restored.restore(run.snapshot_state())
     assert restored.fold.steps["fragile"].gave_up_attempt == 2
     assert restored.fold.freeze() == run.fold.freeze()
@@ -711,7 +711,7 @@ async def test_a_failed_branch_fails_the_run_and_only_it_runs_again_on_resume(
     with pytest.raises(RunFailedError) as raised:
         await run_workflow(world, wf, {}, run_id="run_branch_fail")
     assert raised.value.step_path == "check[b]/lint"
-    state = materialize_run_state(_log(world, "run_branch_fail"), pricer=price_usage)
+    state = materialize_run_state(_log(world, "run_branch_fail"), pricer=price_usage_exact)
     assert state.status == "failed"
     assert {p: s.status for p, s in state.steps.items()} == {
         "check": "running",
@@ -747,7 +747,7 @@ async def test_a_failed_sub_run_fails_the_parent_and_both_resume_after_the_fix(
     assert raised.value.step_path == "sub"
     assert raised.value.error.type == "RunFailedError"
     sub_id = sub_run_id_for("run_parent_fail", "sub")
-    assert materialize_run_state(_log(world, sub_id), pricer=price_usage).status == "failed"
+    assert materialize_run_state(_log(world, sub_id), pricer=price_usage_exact).status == "failed"
 
     broken = False
     result = await run_workflow(reopen(), parent, run_id="run_parent_fail")
@@ -756,7 +756,9 @@ async def test_a_failed_sub_run_fails_the_parent_and_both_resume_after_the_fix(
     assert ledger.count("ok") == 1
     assert ledger.attempts("fragile") == [1, 2]
     assert len(_of(_log(world, "run_parent_fail"), SubRunReserved)) == 1
-    assert materialize_run_state(_log(world, sub_id), pricer=price_usage).status == "completed"
+    assert (
+        materialize_run_state(_log(world, sub_id), pricer=price_usage_exact).status == "completed"
+    )
 
 
 async def test_an_error_marked_not_retryable_is_not_retried(world: World, ledger: _Ledger) -> None:
@@ -798,7 +800,7 @@ async def test_a_bad_output_or_decision_target_is_recorded_as_the_step_failure(
     failed = _of(events, StepFailed)
     assert [(f.step_path, f.will_retry) for f in failed] == [(path, False)]
     assert isinstance(events[-1], RunFailed)
-    assert materialize_run_state(events, pricer=price_usage).steps[path].status == "failed"
+    assert materialize_run_state(events, pricer=price_usage_exact).steps[path].status == "failed"
 
 
 # ------------------------------------------------------------- large outputs
@@ -977,7 +979,7 @@ async def test_a_changed_branch_set_is_refused_on_resume(
     wf = _group_workflow(["a", "b", "c"], stop_at, ledger)
     with pytest.raises(_Stop):
         await run_workflow(world, wf, {}, run_id="run_branches")
-    state = materialize_run_state(_log(world, "run_branches"), pricer=price_usage)
+    state = materialize_run_state(_log(world, "run_branches"), pricer=price_usage_exact)
     assert state.steps["check[b]/lint"].status == "running"
     assert state.steps["check"].status == "running"
 
@@ -1028,7 +1030,7 @@ async def test_a_changed_branch_set_of_a_completed_group_is_refused_on_resume(
     with pytest.raises(_Stop):
         await run_workflow(world, wf, {}, run_id="run_group_done")
     assert (
-        materialize_run_state(_log(world, "run_group_done"), pricer=price_usage)
+        materialize_run_state(_log(world, "run_group_done"), pricer=price_usage_exact)
         .steps["check"]
         .status
         == "completed"
@@ -1130,7 +1132,7 @@ async def test_a_subworkflow_is_its_own_run_and_is_not_rerun_on_resume(
     assert ledger.count("second") == (2 if stop_in == "child" else 1)
     assert ledger.count("last") == (2 if stop_in == "parent" else 1)
     assert len(_of(_log(world, "run_parent"), SubRunReserved)) == 1
-    child_state = materialize_run_state(_log(world, sub_id), pricer=price_usage)
+    child_state = materialize_run_state(_log(world, sub_id), pricer=price_usage_exact)
     assert (child_state.status, child_state.output) == ("completed", {"sum": 15})
     assert child_state.parent_run_id == "run_parent"
     if stop_in == "parent":

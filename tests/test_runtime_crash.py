@@ -31,7 +31,7 @@ import pytest
 from little_es.engine.executor import sub_run_id_for
 from little_es.events import Event, StepCompleted, StepFailed, StepStarted
 from little_es.materialize import materialize_run_state
-from little_es.pricing import price_usage
+from little_es.pricing import price_usage_exact
 from little_es.testing import ChildResult, CrashRunner
 from little_es.world import local_world
 
@@ -128,7 +128,7 @@ def _observe(world_dir: Path, ledger: Path) -> _Observed:
 def _states(world_dir: Path) -> dict[str, dict[str, Any]]:
     timestamps = {"started_at", "updated_at", "completed_at"}
     return {
-        run_id: materialize_run_state(events, pricer=price_usage).model_dump(
+        run_id: materialize_run_state(events, pricer=price_usage_exact).model_dump(
             mode="json", exclude=timestamps
         )
         for run_id, events in _logs(world_dir).items()

@@ -8,6 +8,8 @@ plugins' in :func:`_register_plugins`:
 * ``little run | resume`` - drive a workflow (:mod:`little_es.cli.run`);
 * ``little unlock`` - who holds a run's lease; ``--force`` takes it from a
   stuck holder (:mod:`little_es.cli.unlock`);
+* ``little prices set | list`` - model prices recorded in the world
+  (:mod:`little_es.cli.prices`);
 * commands of optional extras, found through the entry point group
   :data:`PLUGIN_GROUP`: ``little worker`` comes from the Temporal adapter
   (``little_es_temporal.cli``). When an extra is not installed its commands
@@ -38,7 +40,7 @@ from eventsourcing.persistence import PersistenceError
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from little_es.cli import inspection, run, unlock
+from little_es.cli import inspection, prices, run, unlock
 from little_es.errors import LittleEsError
 
 __all__ = ["OPTIONAL_COMMANDS", "PLUGIN_GROUP", "app"]
@@ -154,6 +156,7 @@ def _register(app: typer.Typer) -> None:
     app.command("run")(run.run_command)
     app.command("resume")(run.resume_command)
     app.command("unlock")(unlock.unlock_command)
+    app.add_typer(prices.prices_app, name="prices")
 
 
 _register(app)

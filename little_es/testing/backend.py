@@ -95,7 +95,7 @@ from little_es.events import (
 )
 from little_es.ids import run_stream_id, session_stream_id
 from little_es.materialize import materialize_run_state
-from little_es.pricing import price_usage
+from little_es.pricing import price_usage_exact
 from little_es.values import ArtifactRef, ErrorInfo, Message, ModelResponse, ToolCall, Usage
 from little_es.world import LittleApplication, World
 
@@ -113,7 +113,7 @@ __all__ = [
 
 
 def _start_run(run_id: str, *, parent_run_id: str | None = None) -> Run:
-    run = Run(run_id, price_usage)
+    run = Run(run_id, price_usage_exact)
     run.trigger(
         RunStarted,
         run_id=run_id,
@@ -274,7 +274,7 @@ def _entry_points(world: World, run_id: str) -> dict[str, Callable[[], object]]:
         "record_run_event": lambda: world.record_run_event(run_id, StepStarted),
         "run_lease": lambda: world.run_lease(run_id).__enter__(),
         "artifacts.put": lambda: world.artifacts.put(b"x", run_id=run_id, step_path="s"),
-        "Run": lambda: Run(run_id, price_usage),
+        "Run": lambda: Run(run_id, price_usage_exact),
         "HarnessSession": lambda: HarnessSession(run_id, "s", 1),
     }
 
@@ -669,7 +669,7 @@ class BackendTestCase(WorldTestCase):
         self.assertEqual(loaded_run.version, len(run_events))
         self.assertEqual(loaded_run.run_id, "run_snap")
         self.assertEqual(
-            loaded_run.fold.freeze(), materialize_run_state(run_events, pricer=price_usage)
+            loaded_run.fold.freeze(), materialize_run_state(run_events, pricer=price_usage_exact)
         )
         self.assertEqual(loaded_run.fold.freeze(), run.fold.freeze())
         folded_session = HarnessSession.from_events(session.id, session_events)
@@ -683,7 +683,7 @@ class BackendTestCase(WorldTestCase):
         world.save(loaded_run, loaded_session)
         self.assertEqual(
             world.load_run("run_snap").fold.freeze(),
-            materialize_run_state(world.read_stream(run.id), pricer=price_usage),
+            materialize_run_state(world.read_stream(run.id), pricer=price_usage_exact),
         )
         self.assertEqual(
             _session_view(world.load_session(session.id)),
