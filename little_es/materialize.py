@@ -107,6 +107,7 @@ class MaterializedRunState(BaseModel):
     parent_run_id: str | None = None
     status: RunStatus = "pending"
     input: JSONValue = None
+    input_ref: ArtifactRef | None = None
     output: JSONValue = None
     output_ref: ArtifactRef | None = None
     error: ErrorInfo | None = None
@@ -241,6 +242,7 @@ class RunFold:
     parent_run_id: str | None = None
     status: RunStatus = "pending"
     input: JSONValue = None
+    input_ref: ArtifactRef | None = None
     output: JSONValue = None
     output_ref: ArtifactRef | None = None
     error: ErrorInfo | None = None
@@ -279,6 +281,7 @@ class RunFold:
             parent_run_id=state.parent_run_id,
             status=state.status,
             input=state.input,
+            input_ref=state.input_ref,
             output=state.output,
             output_ref=state.output_ref,
             error=state.error,
@@ -343,6 +346,7 @@ class RunFold:
             parent_run_id=self.parent_run_id,
             status=self.status,
             input=freeze(self.input),
+            input_ref=self.input_ref,
             output=freeze(self.output),
             output_ref=self.output_ref,
             error=self.error,
@@ -443,6 +447,7 @@ def apply(state: RunFold, event: Event) -> RunFold:
             state.ir_hash = event.ir_hash
             state.parent_run_id = event.parent_run_id
             state.input = event.input
+            state.input_ref = event.input_ref
             state.status = "running"
             state.started_at = event.timestamp
         case RunCompleted():
