@@ -20,9 +20,9 @@ from eventsourcing.persistence import Mapper, StoredEvent, Transcoder
 from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
-from little_es._strict import check_stored_payload
+from little_es._strict import check_snapshot_payload, check_stored_payload
 from little_es.errors import EventPayloadError, UnknownEventTypeError
-from little_es.events import Event, event_class_for
+from little_es.events import Event, Snapshot, event_class_for
 
 # A set, not a frozenset: pydantic's ``exclude`` is typed as set or mapping.
 _ORIGINATOR_FIELDS: set[str] = {"originator_id", "originator_version"}
@@ -57,7 +57,10 @@ def _payload(event: Event, wire_name: str) -> bytes:
             f"cannot record {wire_name}: a value is not JSON ({exc}): record dicts, lists,"
             " strings, numbers, booleans, None or pydantic models"
         ) from exc
-    check_stored_payload(event, wire_name, data)
+    if cls is Snapshot:
+        check_snapshot_payload(event, wire_name, data)
+    else:
+        check_stored_payload(event, wire_name, data)
     if cls.class_version > 1:
         data = b'{"class_version":%d,' % cls.class_version + data[1:]
     return data

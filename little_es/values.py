@@ -19,7 +19,7 @@ JSONValue = Any
 """Any value that survives a JSON round trip (dict, list, str, int, float, bool, None).
 
 Numbers are finite (no NaN or Infinity) and arrays and objects nest at most
-``little_es._strict.MAX_JSON_DEPTH`` (64) levels: the recorder refuses anything
+``little_es.MAX_JSON_DEPTH`` (64) levels: the recorder refuses anything
 else, since it could not be read back as it was written."""
 
 UNCHECKED_KEY = "__little_es_unchecked__"

@@ -18,8 +18,10 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
 from little_es import (
+    MAX_JSON_DEPTH,
     ArtifactMismatchError,
     EventPayloadError,
     ModelRequest,
@@ -43,7 +45,7 @@ from little_es import (
     task,
     tool,
 )
-from little_es._strict import MAX_JSON_DEPTH, nests_deeper
+from little_es._strict import nests_deeper
 from little_es.events import ModelResponded, RunStarted
 from little_es.ids import run_stream_id
 from tests.conftest import WorldSpec
@@ -120,6 +122,17 @@ def test_an_output_nested_exactly_to_the_limit_reads_back() -> None:
     assert replay_run(world, "run_at_limit").steps[0].output == nested(MAX_JSON_DEPTH)
     # And a resume folds it again (the RecursionError of issue 13 was here).
     assert run(world, [task("deep", lambda ctx: nested(MAX_JSON_DEPTH))], "run_at_limit").resumed
+
+
+def test_a_snapshot_of_a_run_holding_a_value_at_the_limit_is_recorded(tmp_path: Any) -> None:
+    # The snapshot nests the value inside the run's state, deeper than the limit of values.
+    with local_world(tmp_path / "w") as world:
+        run(world, [task("deep", lambda ctx: nested(MAX_JSON_DEPTH))], "run_snap")
+        loaded = world.load_run("run_snap")
+        assert world.app.snapshots is not None
+        world.app.snapshots.put([loaded.take_snapshot()])
+    with local_world(tmp_path / "w") as world:
+        assert world.load_run("run_snap").fold.steps["deep"].output == nested(MAX_JSON_DEPTH)
 
 
 # ------------------------------------------------------------------ NaN and infinities
@@ -200,6 +213,27 @@ def test_a_non_finite_field_of_your_own_event_is_refused() -> None:
     assert rows(world, "run_own") == before
     world.record_run_event("run_own", Scored, score=0.5, detail={"ok": [1.5]})
     assert replay_run(world, "run_own").state.event_count == before + 1
+
+
+class Person(BaseModel):
+    name: str
+
+
+class Approved(RunEvent):
+    wire_name: ClassVar[str] = "test.strict.approved"
+
+    by: Person
+
+
+def test_an_unvalidated_model_of_your_own_in_your_event_is_refused() -> None:
+    world = memory_world()
+    run(world, [task("a", lambda ctx: 1)], "run_approved")
+    before = rows(world, "run_approved")
+    with pytest.raises(EventPayloadError, match=r"by\.name: Field required"):
+        world.record_run_event("run_approved", Approved, by=Person.model_construct())
+    assert rows(world, "run_approved") == before
+    world.record_run_event("run_approved", Approved, by=Person(name="ops"))
+    assert replay_run(world, "run_approved").state.event_count == before + 1
 
 
 # ------------------------------------------------------------------ model_construct
