@@ -180,7 +180,7 @@ def check_stored_payload(model: BaseModel, label: str, data: bytes) -> None:
         and _validated(model)
     ):
         return
-    problem = find_problem(model, "", 0)
+    problem = find_problem(model, "", 0) or _dropped_by_schema(model, "")
     if problem is not None:
         raise EventPayloadError(f"cannot record {label}: {problem}")
     try:
@@ -232,6 +232,29 @@ def describe(exc: ValidationError) -> str:
         + (usage_cost_message([str(err["loc"][-1])]) if is_usage_cost_error(err) else err["msg"])
         for err in exc.errors()
     )
+
+
+def _dropped_by_schema(model: BaseModel, path: str) -> str | None:
+    """A value object of a subclass of its field's class whose own fields the field's schema
+    would drop when serialised (pydantic serialises by the declared class), or None."""
+    plan = _PLANS.get(type(model)) or _plan(type(model)) or ()
+    for name, expected in plan:
+        value = model.__dict__.get(name)
+        for item in value if type(value) is tuple else (value,):
+            if not isinstance(item, BaseModel):
+                continue
+            where = f"{path}.{name}" if path else name
+            extra = sorted(set(type(item).__pydantic_fields__) - set(expected.__pydantic_fields__))
+            if extra and isinstance(item, expected):
+                return (
+                    f"{where} is a {type(item).__qualname__}, whose fields {', '.join(extra)}"
+                    f" are not in {expected.__qualname__} and would be dropped: record them"
+                    " in a field of their own"
+                )
+            found = _dropped_by_schema(item, where)
+            if found is not None:
+                return found
+    return None
 
 
 _Plan = tuple[tuple[str, type[BaseModel]], ...] | None

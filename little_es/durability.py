@@ -95,7 +95,7 @@ def _encode(step_path: str, value: Any) -> tuple[bytes, Any]:
 
     Refused with :class:`~little_es.errors.EventPayloadError` when a reader
     would not read back what was given (NaN, infinities, nesting beyond
-    :data:`~little_es._strict.MAX_JSON_DEPTH`), with
+    :data:`~little_es.MAX_JSON_DEPTH`), with
     :class:`~little_es.errors.OutputNotSerializableError` when it is not JSON at all.
     """
     what = _what(step_path)
@@ -105,8 +105,8 @@ def _encode(step_path: str, value: Any) -> tuple[bytes, Any]:
         # orjson gives up beyond 254 levels: say so as for any value too deep.
         refuse_problem(what, value)
         raise OutputNotSerializableError(
-            f"{what} is a value that cannot be stored as JSON ({exc}): return"
-            " dicts, lists, strings, numbers, booleans, None or pydantic models"
+            f"{what} cannot be stored as JSON ({exc}): return dicts, lists, strings,"
+            " numbers, booleans, None or pydantic models"
         ) from exc
     read_back = orjson.loads(data)
     check_json_value(what, value, data, read_back)

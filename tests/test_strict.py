@@ -295,6 +295,21 @@ def test_an_unvalidated_model_response_is_refused_and_the_run_stays_readable(
     assert replay_run(world, "run_constructed").state.status == "failed"
 
 
+class RichResponse(ModelResponse):
+    raw: str = ""
+
+
+def test_a_response_of_a_subclass_whose_fields_would_be_dropped_is_refused() -> None:
+    world = memory_world()
+
+    def rich() -> ModelResponse:
+        return RichResponse(content="hi", provider="fixed", model="fixed-1", raw="{...}")
+
+    with pytest.raises(RunFailedError, match=r"response is a RichResponse, whose fields raw"):
+        run(world, [_agent_answering(rich)], "run_rich")
+    assert not any(isinstance(e, ModelResponded) for e in world.read_run_log("run_rich"))
+
+
 def test_a_validated_copy_and_a_plain_response_are_recorded() -> None:
     world = memory_world()
 

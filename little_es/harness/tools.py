@@ -314,7 +314,7 @@ def _pydantic_default(value: Any) -> Any:
 
 def _to_json(tool_name: str, result: Any) -> JSONValue:
     """The result as it reads back from JSON; NaN, infinities and nesting beyond
-    :data:`~little_es._strict.MAX_JSON_DEPTH` are refused with ``EventPayloadError``."""
+    :data:`~little_es.MAX_JSON_DEPTH` are refused with ``EventPayloadError``."""
     what = f"tool {tool_name!r} result"
     try:
         data = orjson.dumps(result, default=_pydantic_default)
