@@ -3,6 +3,7 @@
 The public API is re-exported here; everything else is internal. See the README.
 """
 
+from little_es._strict import MAX_JSON_DEPTH
 from little_es.backends.base import Lease, RunSummary, check_leases
 from little_es.domain import HarnessSession, OuterLoop, PriceBook, Run
 from little_es.engine.local import RunResult, run_workflow
@@ -133,6 +134,7 @@ from little_es.world import World, local_world, memory_world, open_world, postgr
 
 __all__ = [
     "END",
+    "MAX_JSON_DEPTH",
     "ArtifactError",
     "ArtifactIntegrityError",
     "ArtifactMismatchError",

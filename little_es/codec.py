@@ -18,10 +18,12 @@ import orjson
 from eventsourcing.domain import DomainEventProtocol
 from eventsourcing.persistence import Mapper, StoredEvent, Transcoder
 from pydantic import ValidationError
+from pydantic_core import PydanticSerializationError
 
+from little_es._strict import check_snapshot_payload, check_stored_payload
 from little_es.chain import unframe
 from little_es.errors import EventPayloadError, UnknownEventTypeError
-from little_es.events import Event, event_class_for
+from little_es.events import Event, Snapshot, event_class_for
 
 # A set, not a frozenset: pydantic's ``exclude`` is typed as set or mapping.
 _ORIGINATOR_FIELDS: set[str] = {"originator_id", "originator_version"}
@@ -37,6 +39,32 @@ class OrjsonTranscoder(Transcoder):
     def decode(self, data: bytes) -> Any:
         """Decode JSON bytes."""
         return orjson.loads(data)
+
+
+def _payload(event: Event, wire_name: str) -> bytes:
+    """The event's JSON payload, refused unless a reader would read it back as it is.
+
+    Serialised by pydantic straight to bytes (the same bytes as orjson over a
+    JSON-mode dump, measured a little faster), NaN and infinities as the
+    constants the recorder then refuses (see :mod:`little_es._strict`).
+    """
+    cls = type(event)
+    try:
+        data = cls.__pydantic_serializer__.to_json(
+            event, exclude=_ORIGINATOR_FIELDS, warnings=False
+        )
+    except PydanticSerializationError as exc:
+        raise EventPayloadError(
+            f"cannot record {wire_name}: a value is not JSON ({exc}): record dicts, lists,"
+            " strings, numbers, booleans, None or pydantic models"
+        ) from exc
+    if cls is Snapshot:
+        check_snapshot_payload(event, wire_name, data)
+    else:
+        check_stored_payload(event, wire_name, data)
+    if cls.class_version > 1:
+        data = b'{"class_version":%d,' % cls.class_version + data[1:]
+    return data
 
 
 class PydanticMapper(Mapper[UUID]):
@@ -65,10 +93,7 @@ class PydanticMapper(Mapper[UUID]):
                 f"{type(event).__qualname__} has no wire_name: set"
                 ' `wire_name: ClassVar[str] = "..."` on the class to make it storable'
             )
-        state = event.model_dump(mode="json", exclude=_ORIGINATOR_FIELDS)
-        if type(event).class_version > 1:
-            state["class_version"] = type(event).class_version
-        data = self.transcoder.encode(state)
+        data = _payload(event, wire_name)
         if self.compressor:
             data = self.compressor.compress(data)
         if self.cipher:
@@ -90,7 +115,7 @@ class PydanticMapper(Mapper[UUID]):
 
         The row's own digest is checked (:func:`~little_es.chain.unframe`); its
         link to the rest of its stream is not: a reader of whole streams uses
-        :func:`~little_es.chain.verify_rows` and :meth:`decode_payload`.
+        :func:`~little_es.chain.verify_stream` and :meth:`decode_payload`.
         """
         payload = unframe(stream_id, version, topic, data)
         return self.decode_payload(stream_id, version, topic, payload)

@@ -20,6 +20,7 @@ from uuid import UUID
 
 from pydantic import ValidationError
 
+from little_es._strict import refuse_unvalidated
 from little_es.chain import GENESIS, seed
 from little_es.errors import EventPayloadError
 from little_es.events import (
@@ -105,6 +106,7 @@ class Aggregate:
             raise EventPayloadError(
                 f"cannot record {event_class.wire_name or event_class.__qualname__}: {problems}"
             ) from exc
+        refuse_unvalidated(event, event_class.wire_name or event_class.__qualname__)
         self.mutate(event)
         self._pending.append(event)
         return event

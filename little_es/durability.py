@@ -45,6 +45,7 @@ from uuid import UUID
 import orjson
 from pydantic import BaseModel
 
+from little_es._strict import check_json_value, refuse_problem
 from little_es.backends.base import check_leases
 from little_es.domain import Run
 from little_es.errors import OutputNotSerializableError, RunNotFoundError
@@ -65,7 +66,7 @@ from little_es.values import ArtifactRef, ErrorInfo
 from little_es.world import World
 
 OUTPUT_INLINE_LIMIT = 64 * 1024
-"""Outputs whose JSON is larger than this many bytes are stored as artifacts."""
+"""Outputs (and run inputs) whose JSON is larger than this many bytes are stored as artifacts."""
 
 OUTPUT_MEDIA_TYPE = "application/json"
 
@@ -78,20 +79,52 @@ def _default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
-def encode_output(step_path: str, value: Any) -> bytes:
-    """The JSON bytes of a step output (pydantic models are dumped)."""
+INPUT_PATH = "<input>"
+"""The ``step_path`` that names the run input (in messages, and in its artifact)."""
+
+RUN_OUTPUT_PATH = "<run>"
+"""The ``step_path`` that names the run's output (in messages, and in its artifact)."""
+
+
+def _what(step_path: str) -> str:
+    if step_path == INPUT_PATH:
+        return "the run input"
+    if step_path == RUN_OUTPUT_PATH:
+        return "the run output"
+    return f"step {step_path!r} output"
+
+
+def _encode(step_path: str, value: Any) -> tuple[bytes, Any]:
+    """The JSON bytes of an output (pydantic models are dumped) and the value they read back as.
+
+    Refused with :class:`~little_es.errors.EventPayloadError` when a reader
+    would not read back what was given (NaN, infinities, nesting beyond
+    :data:`~little_es.MAX_JSON_DEPTH`), with
+    :class:`~little_es.errors.OutputNotSerializableError` when it is not JSON at all.
+    """
+    what = _what(step_path)
     try:
-        return orjson.dumps(value, default=_default)
+        data = orjson.dumps(value, default=_default)
     except TypeError as exc:
+        # orjson gives up beyond 254 levels: say so as for any value too deep.
+        refuse_problem(what, value)
         raise OutputNotSerializableError(
-            f"step {step_path!r} returned a value that cannot be stored as JSON ({exc}): return"
-            " dicts, lists, strings, numbers, booleans, None or pydantic models"
+            f"{what} cannot be stored as JSON ({exc}): return dicts, lists, strings,"
+            " numbers, booleans, None or pydantic models"
         ) from exc
+    read_back = orjson.loads(data)
+    check_json_value(what, value, data, read_back)
+    return data, read_back
+
+
+def encode_output(step_path: str, value: Any) -> bytes:
+    """The JSON bytes of a step output (pydantic models are dumped), checked as :func:`_encode`."""
+    return _encode(step_path, value)[0]
 
 
 def normalize_output(step_path: str, value: Any) -> Any:
     """The output exactly as a replay will read it back (tuples become lists, models dicts)."""
-    return orjson.loads(encode_output(step_path, value))
+    return _encode(step_path, value)[1]
 
 
 class RunRecorder:
@@ -149,15 +182,17 @@ class RunRecorder:
         parent_step_path: str | None = None,
         observer: Callable[[Event], None] | None = None,
     ) -> RunRecorder:
-        """Commit ``RunStarted`` for a new run."""
+        """Commit ``RunStarted`` for a new run (a large input by reference, like outputs)."""
         recorder = cls(world, Run(run_id, world.pricer), observer=observer)
+        inline, input_ref = recorder._store_output(INPUT_PATH, input)
         recorder._commit(
             RunStarted,
             run_id=run_id,
             workflow_id=workflow_id,
             workflow_version=workflow_version,
             ir_hash=ir_hash,
-            input=input,
+            input=None if input_ref is not None else inline,
+            input_ref=input_ref,
             parent_run_id=parent_run_id,
             parent_step_path=parent_step_path,
         )
@@ -165,13 +200,13 @@ class RunRecorder:
 
     def _store_output(self, step_path: str, output: Any) -> tuple[Any, ArtifactRef | None]:
         """The output as read back from JSON, and its artifact when too large to inline."""
-        data = encode_output(step_path, output)
+        data, read_back = _encode(step_path, output)
         output_ref = None
         if len(data) > OUTPUT_INLINE_LIMIT:
             output_ref = self.world.artifacts.put(
                 data, run_id=self.run_id, step_path=step_path, media_type=OUTPUT_MEDIA_TYPE
             )
-        return orjson.loads(data), output_ref
+        return read_back, output_ref
 
     def _commit(self, event_class: type[Event], **fields: Any) -> None:
         # A driver that lost its lease appends nothing more (the version check
@@ -279,7 +314,7 @@ class RunRecorder:
 
     def run_completed(self, output: Any) -> None:
         """Commit ``RunCompleted`` (large outputs by reference, like step outputs)."""
-        inline, output_ref = self._store_output("<run>", output)
+        inline, output_ref = self._store_output(RUN_OUTPUT_PATH, output)
         self._commit(
             RunCompleted, output=None if output_ref is not None else inline, output_ref=output_ref
         )

@@ -37,9 +37,17 @@ from decimal import Decimal
 from typing import Any, ClassVar, Final, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
-from little_es.values import ArtifactRef, ErrorInfo, JSONValue, Message, ModelResponse, Usage
+from little_es.values import (
+    ArtifactRef,
+    Checked,
+    ErrorInfo,
+    JSONValue,
+    Message,
+    ModelResponse,
+    Usage,
+)
 
 _BY_WIRE_NAME: dict[str, type[Event]] = {}
 
@@ -53,7 +61,7 @@ NOT_IN_A_STREAM = UUID(int=0)
 """The ``originator_id`` of an event no stream has placed (see :class:`Event`)."""
 
 
-class Event(BaseModel):
+class Event(Checked):
     """Base class of every stored event.
 
     ``originator_id`` is the stream (aggregate) id, ``originator_version`` the
@@ -73,9 +81,17 @@ class Event(BaseModel):
     again, as it would anyway without a result. So a commit of nothing but
     write-ahead records is not fsynced; the next commit that holds a result is,
     and makes them durable with it (:mod:`little_es.durability`).
+
+    Numbers are finite (``allow_inf_nan=False``), and a payload is serialised
+    with NaN and infinities as the constants JSON does not have
+    (``ser_json_inf_nan="constants"``), so the recorder sees one that slipped
+    into a JSON value and refuses it instead of storing ``null``
+    (:mod:`little_es._strict`).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", allow_inf_nan=False, ser_json_inf_nan="constants"
+    )
 
     wire_name: ClassVar[str] = ""
     class_version: ClassVar[int] = 1
@@ -130,6 +146,8 @@ class RunStarted(RunEvent):
     workflow_version: str
     ir_hash: str
     input: JSONValue = None
+    input_ref: ArtifactRef | None = None
+    """Set instead of ``input`` when the input was too large to inline (as outputs are)."""
     parent_run_id: str | None = None
     parent_step_path: str | None = None
 

@@ -121,6 +121,7 @@ class MaterializedRunState(BaseModel):
     parent_run_id: str | None = None
     status: RunStatus = "pending"
     input: JSONValue = None
+    input_ref: ArtifactRef | None = None
     output: JSONValue = None
     output_ref: ArtifactRef | None = None
     error: ErrorInfo | None = None
@@ -297,6 +298,7 @@ class RunFold:
     parent_run_id: str | None = None
     status: RunStatus = "pending"
     input: JSONValue = None
+    input_ref: ArtifactRef | None = None
     output: JSONValue = None
     output_ref: ArtifactRef | None = None
     error: ErrorInfo | None = None
@@ -338,6 +340,7 @@ class RunFold:
             parent_run_id=state.parent_run_id,
             status=state.status,
             input=state.input,
+            input_ref=state.input_ref,
             output=state.output,
             output_ref=state.output_ref,
             error=state.error,
@@ -402,6 +405,7 @@ class RunFold:
             parent_run_id=self.parent_run_id,
             status=self.status,
             input=freeze(self.input),
+            input_ref=self.input_ref,
             output=freeze(self.output),
             output_ref=self.output_ref,
             error=self.error,
@@ -502,6 +506,7 @@ def apply(state: RunFold, event: Event) -> RunFold:
             state.ir_hash = event.ir_hash
             state.parent_run_id = event.parent_run_id
             state.input = event.input
+            state.input_ref = event.input_ref
             state.status = "running"
             state.started_at = event.timestamp
         case RunCompleted():

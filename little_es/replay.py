@@ -24,8 +24,10 @@ from __future__ import annotations
 
 from typing import Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict
 
+from little_es._frozen import freeze
 from little_es.ids import validate_run_id
 from little_es.materialize import COUNTED_ONLY, MaterializedRunState
 from little_es.values import ArtifactRef, HydratedArtifact, JSONValue
@@ -69,8 +71,18 @@ class ReplayResult(BaseModel):
     pending_step_paths: tuple[str, ...]
     """Step paths that run on resume (pending, running or failed)."""
     artifacts: tuple[HydratedArtifact, ...]
-    """Every artifact the steps reference (output refs, then artifact refs, step by step)
-    and the run's own output ref, verified and deduplicated."""
+    """Every artifact the run references (its input ref, then output refs and artifact
+    refs, step by step, then the run's own output ref), verified and deduplicated."""
+
+    @property
+    def input(self) -> JSONValue:
+        """The run input: ``state.input``, or read from its artifact when it was too large to
+        inline (``state.input_ref``); deeply read-only."""
+        ref = self.state.input_ref
+        if ref is None:
+            return self.state.input
+        payload = next(a.payload for a in self.artifacts if a.manifest == ref)
+        return freeze(orjson.loads(payload))
 
 
 def replay_run(world: World, run_id: str) -> ReplayResult:
@@ -121,6 +133,8 @@ def read_run_state(world: World, run_id: str) -> MaterializedRunState:
 
 def _hydrate(world: World, state: MaterializedRunState) -> tuple[HydratedArtifact, ...]:
     refs: dict[ArtifactRef, None] = {}
+    if state.input_ref is not None:
+        refs[state.input_ref] = None
     for step in state.steps.values():
         if step.output_ref is not None:
             refs[step.output_ref] = None

@@ -9,19 +9,62 @@ exactly as it was.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, Self, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
 JSONValue = Any
-"""Any value that survives a JSON round trip (dict, list, str, int, float, bool, None)."""
+"""Any value that survives a JSON round trip (dict, list, str, int, float, bool, None).
+
+Numbers are finite (no NaN or Infinity) and arrays and objects nest at most
+``little_es.MAX_JSON_DEPTH`` (64) levels: the recorder refuses anything
+else, since it could not be read back as it was written."""
+
+UNCHECKED_KEY = "__little_es_unchecked__"
+"""Where :meth:`Checked.model_construct` keeps what it was given outside the schema.
+
+Its presence in an object's ``__dict__`` marks an object pydantic did not
+validate; the recorder validates it in full before it is stored
+(:mod:`little_es._strict`). Never a field: it is neither dumped nor compared."""
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class Checked(BaseModel):
+    """A pydantic model whose unvalidated instances the recorder can tell apart.
+
+    ``model_construct`` and ``model_copy(update=...)`` skip validation (and
+    ``model_construct`` drops a keyword that is not a field, such as a
+    ``cost_usd`` given to :class:`Usage`): an object built so is marked, so
+    that recording an event that holds it validates it as a reader would, and
+    refuses the dropped keyword by name instead of losing it.
+    """
+
+    @classmethod
+    def model_construct(  # type: ignore[override]  # pydantic's mypy plugin types it per model
+        cls, _fields_set: set[str] | None = None, **values: Any
+    ) -> Self:
+        """pydantic's ``model_construct``, marking the object as not validated."""
+        made = super().model_construct(_fields_set, **values)
+        fields = cls.__pydantic_fields__
+        aliases = {f.alias for f in fields.values() if f.alias}
+        made.__dict__[UNCHECKED_KEY] = tuple(
+            k for k in values if k not in fields and k not in aliases
+        )
+        return made
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """pydantic's ``model_copy``; a copy with ``update`` is marked as not validated."""
+        copied = super().model_copy(update=update, deep=deep)
+        if update:
+            copied.__dict__.setdefault(UNCHECKED_KEY, ())
+        return copied
+
+
+class _Frozen(Checked):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class ToolCall(_Frozen):
@@ -65,8 +108,6 @@ class Usage(_Frozen):
     the pricing module at materialization time, never recorded. A payload that
     carries ``cost_usd`` (or ``cost``) is refused.
     """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     input_tokens: int = Field(default=0, ge=0)
     output_tokens: int = Field(default=0, ge=0)
@@ -147,10 +188,8 @@ class ModelResponse(_Frozen):
 # ------------------------------------------------------------------ records
 
 
-class ArtifactRef(BaseModel):
+class ArtifactRef(_Frozen):
     """The manifest of one stored artifact, as recorded in events."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     artifact_id: str = Field(description="sha256:<hex>, the content address of the bytes.")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
@@ -174,10 +213,8 @@ class HydratedArtifact(BaseModel):
     payload: bytes
 
 
-class ErrorInfo(BaseModel):
+class ErrorInfo(_Frozen):
     """A recorded failure: exception type, message, and whether a retry can help."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     type: str
     message: str

@@ -49,7 +49,13 @@ from typing import Any, NamedTuple, TypeAlias, TypeVar
 
 from little_es._frozen import freeze
 from little_es.backends.base import check_leases
-from little_es.durability import RunRecorder, encode_output, normalize_output, read_output
+from little_es.durability import (
+    INPUT_PATH,
+    RunRecorder,
+    encode_output,
+    normalize_output,
+    read_output,
+)
 from little_es.engine.integrity import (
     assert_completed_parallel_replay_matches_input,
     run_restart_checks,
@@ -218,7 +224,7 @@ def open_run(
         workflow_id=workflow.id,
         workflow_version=workflow.version,
         ir_hash=workflow.ir_hash,
-        input=normalize_output("<input>", dict(input or {})),
+        input=normalize_output(INPUT_PATH, dict(input or {})),
         parent_run_id=parent_run_id,
         parent_step_path=parent_step_path,
         observer=observer,
@@ -328,7 +334,7 @@ class StepExecutor:
     ) -> StepContext:
         """The context of an attempt of ``step_path``, over the run's input and outputs."""
         if self._input is None:
-            self._input = freeze(fold.input or {})
+            self._input = freeze(read_output(self.world, fold.input, fold.input_ref) or {})
         return StepContext(
             run_id=self.run_id,
             input=self._input,

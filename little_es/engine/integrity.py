@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from little_es.durability import INPUT_PATH
 from little_es.errors import (
     ArtifactError,
     ArtifactMismatchError,
@@ -91,13 +92,31 @@ def assert_harness_manifest_consistent(
                 check_manifest(started, manifest)
 
 
-def assert_run_input_unchanged(run_id: str, fold: RunFold, input: Mapping[str, Any] | None) -> None:
-    """An input given on resume equals the recorded one."""
-    if input is not None and orjson.loads(orjson.dumps(input)) != fold.input:
+def assert_run_input_unchanged(
+    world: World, run_id: str, fold: RunFold, input: Mapping[str, Any] | None
+) -> None:
+    """The input's artifact (a large input) is this run's and intact; an input given on
+    resume equals the recorded one."""
+    recorded = fold.input
+    if fold.input_ref is not None:
+        payload = _check_ref(world, run_id, INPUT_PATH, fold.input_ref, "input artifact")
+        try:
+            recorded = orjson.loads(payload)
+        except orjson.JSONDecodeError as exc:
+            raise ArtifactMismatchError(
+                f"run {run_id!r}: input artifact {fold.input_ref.artifact_id} is not the JSON"
+                f" input it should hold: {exc}"
+            ) from exc
+    if input is not None and orjson.loads(orjson.dumps(input)) != recorded:
         raise RunInputMismatchError(
-            f"run {run_id!r} started with input {fold.input!r}, and resume was asked for with"
-            f" {input!r}: pass the same input (or none) to resume, or use a new run id"
+            f"run {run_id!r} started with input {_shown(recorded)}, and resume was asked for"
+            f" with {_shown(input)}: pass the same input (or none) to resume, or use a new run id"
         )
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "…"
 
 
 def _check_ref(world: World, run_id: str, step_path: str, ref: ArtifactRef, role: str) -> bytes:
@@ -186,5 +205,5 @@ def run_restart_checks(
         workflow_version=workflow.version,
         ir_hash=workflow.ir_hash,
     )
-    assert_run_input_unchanged(run_id, fold, input)
+    assert_run_input_unchanged(world, run_id, fold, input)
     assert_completed_step_artifacts_valid(world, run_id, fold)

@@ -61,6 +61,7 @@ from uuid import UUID
 import orjson
 from pydantic import BaseModel, ConfigDict
 
+from little_es._strict import check_json_value
 from little_es.backends.base import check_leases
 from little_es.domain import HarnessSession
 from little_es.errors import (
@@ -418,7 +419,9 @@ class _SessionLoop:
                     " not a dict of arguments"
                 )
             # Exactly what a replay reads back; a value that is not JSON fails the call here.
-            args: dict[str, JSONValue] = orjson.loads(orjson.dumps(prepared))
+            data = orjson.dumps(prepared)
+            args: dict[str, JSONValue] = orjson.loads(data)
+            check_json_value(f"tool {call.name!r} prepared arguments", prepared, data, args)
             if any(args.get(k, _MISSING) != v for k, v in call.arguments.items()):
                 raise ToolError(
                     f"tool {call.name!r}: prepare_args changed or removed an argument the model"

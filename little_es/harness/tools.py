@@ -19,6 +19,7 @@ from typing import Any, overload
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
+from little_es._strict import check_json_value, refuse_problem
 from little_es.errors import ToolArgumentsError, ToolError
 from little_es.values import JSONValue, ToolSpec
 
@@ -312,10 +313,17 @@ def _pydantic_default(value: Any) -> Any:
 
 
 def _to_json(tool_name: str, result: Any) -> JSONValue:
+    """The result as it reads back from JSON; NaN, infinities and nesting beyond
+    :data:`~little_es.MAX_JSON_DEPTH` are refused with ``EventPayloadError``."""
+    what = f"tool {tool_name!r} result"
     try:
-        return orjson.loads(orjson.dumps(result, default=_pydantic_default))
+        data = orjson.dumps(result, default=_pydantic_default)
     except TypeError as exc:
+        refuse_problem(what, result)
         raise ToolError(
             f"tool {tool_name!r} returned a value that is not JSON ({exc}): return str, int,"
             " float, bool, None, lists and dicts with string keys of those, or a pydantic model"
         ) from exc
+    read_back = orjson.loads(data)
+    check_json_value(what, result, data, read_back)
+    return read_back
