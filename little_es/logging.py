@@ -37,6 +37,8 @@ _LEVELS: Final = {
 _TRUE: Final = frozenset({"1", "true", "yes", "on"})
 _FALSE: Final = frozenset({"", "0", "false", "no", "off"})
 
+_stdlib_logger = _stdlib_logging.getLogger("little_es")
+
 _JSON_ENV: Final = "LITTLE_ES_LOG_JSON"
 _LEVEL_ENV: Final = "LITTLE_ES_LOG_LEVEL"
 
@@ -44,8 +46,10 @@ _LEVEL_ENV: Final = "LITTLE_ES_LOG_LEVEL"
 class LibraryLogger:
     """The logger library modules use: structlog's, but quiet until logging is configured.
 
-    An application that never configures logging should not find little_es'
-    progress lines on its stdout; warnings and errors still get through. Once
+    An application that never configures logging finds nothing of little_es'
+    on its stdout: warnings and errors go to the standard library's
+    ``little_es`` logger (stderr, unless the application routes it), the rest
+    is dropped. Once
     :func:`configure_logging` (or the application's own ``structlog.configure``)
     has run, every entry follows that configuration.
     """
@@ -60,7 +64,13 @@ class LibraryLogger:
         return LibraryLogger({**self._bound, **more})
 
     def _emit(self, level: int, method: str, event: str, kw: dict[str, Any]) -> None:
-        if level < _stdlib_logging.WARNING and not structlog.is_configured():
+        if not structlog.is_configured():
+            # structlog's default prints to stdout, which belongs to the application. A
+            # warning goes where a library's goes: the standard library's "little_es"
+            # logger, whose last-resort handler writes it to stderr.
+            if level >= _stdlib_logging.WARNING:
+                fields = " ".join(f"{k}={v!r}" for k, v in {**self._bound, **kw}.items())
+                _stdlib_logger.log(level, f"{event} {fields}".rstrip())
             return
         logger: FilteringBoundLogger = structlog.get_logger(**self._bound)
         getattr(logger, method)(event, **kw)

@@ -173,6 +173,9 @@ def gc_paused() -> Iterator[None]:
 
 _timestamp = attrgetter("timestamp")
 
+_HEAD_REREADS = 5
+"""How often a stream whose head is ahead of its rows is read again before it is refused."""
+
 
 def _reached_doubling(version: int, saved: int, interval: int) -> bool:
     """Whether versions ``version - saved + 1 .. version`` include ``interval * 2**k``."""
@@ -569,9 +572,23 @@ class World:
             return events[after:] if after else events
 
     def _verified(self, stream_id: UUID) -> Verified:
-        """A whole stream, its chain and head verified (:func:`~little_es.chain.verify_stream`)."""
+        """A whole stream, its chain and head verified (:func:`~little_es.chain.verify_stream`).
+
+        The rows are read before the head, which is written in the same
+        transaction as the rows it covers, so the head can only be as far as
+        the rows or further. Further means a writer committed between the two
+        reads, or rows were deleted: the two are read again until they agree
+        or stop changing, and only rows that stay missing are a cut-off tail.
+        """
         rows = self._select(stream_id, None)
         head = self.backend.stream_head(stream_id)
+        for _ in range(_HEAD_REREADS):
+            if head is None or (rows[-1][0] if rows else 0) >= head.version:
+                break
+            again, head_again = self._select(stream_id, None), self.backend.stream_head(stream_id)
+            if head_again == head and len(again) == len(rows):
+                break
+            rows, head = again, head_again
         return verify_stream(stream_id, rows, head, legacy=self._legacy)
 
     def _read_stream(
@@ -704,10 +721,12 @@ class World:
         version = row.originator_version
         event = self._mapper.decode_row(stream_id, version, row.topic, row.state)
         assert isinstance(event, Snapshot)
+        if version > len(checked.rows):
+            # Taken after the rows were read (by a concurrent writer): fold from the events.
+            return None
         stood_on = self._select(stream_id, version - 1)[:1]
         if (
-            version > len(checked.rows)
-            or not stood_on
+            not stood_on
             or not is_framed(stood_on[0][2])
             or row_digest(stood_on[0][2]) != bytes(row.state[1:33])
         ):

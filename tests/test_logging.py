@@ -293,3 +293,25 @@ def test_library_logs_stay_quiet_below_warning_until_configured() -> None:
     out = done.stdout + done.stderr
     assert "progress line" not in out
     assert "something odd" in out and "r1" in out
+
+
+def test_an_unconfigured_warning_goes_to_stderr_never_stdout() -> None:
+    """A library writes nothing to stdout of its own accord: with structlog unconfigured a
+    warning goes through the standard library's ``little_es`` logger (to stderr, by its
+    last-resort handler), and lower levels are dropped."""
+    script = (
+        "from little_es.logging import get_logger\n"
+        "get_logger(run_id='run_quiet').warning('step failed', attempt=2)\n"
+        "get_logger().info('progress')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(_REPO)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""
+    assert "step failed run_id='run_quiet' attempt=2" in done.stderr
+    assert "progress" not in done.stderr

@@ -192,6 +192,18 @@ def _empty_events(db: _Db) -> None:
     db.delete("1 = 1")
 
 
+_FORGED_REF = b'"output_ref":' + orjson.dumps(
+    {
+        "artifact_id": "sha256:" + "ab" * 32,
+        "sha256": "ab" * 32,
+        "size": 17,
+        "media_type": "application/json",
+        "run_id": _RUN,
+        "step_path": "prepare",
+    }
+)
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
@@ -217,6 +229,10 @@ CASES = [
     ),
     Case("row deleted mid run stream", _run_stream_gap),
     Case("inline step output edited", _edit("StepCompleted", b'"tides"', b'"tidex"')),
+    Case(
+        "forged artifact reference (another run's, run id rewritten)",
+        _edit("StepCompleted", b'"output_ref":null', _FORGED_REF),
+    ),
     Case(
         "run output edited", _edit("RunCompleted", b"found after", b"faked after"), ("completed",)
     ),
