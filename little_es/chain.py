@@ -118,13 +118,21 @@ def _where(stream_id: UUID, version: int, topic: str) -> str:
     return f"stream {stream_id}, version {version} ({topic!r})"
 
 
-def unframe(stream_id: UUID, version: int, topic: str, data: bytes) -> bytes:
-    """The payload of one stored row, its own digest checked; a row without a frame as it is.
+def unframe(
+    stream_id: UUID, version: int, topic: str, data: bytes, *, unframed_allowed: bool = True
+) -> bytes:
+    """The payload of one stored row, its own digest checked; a row without a frame as it is,
+    where ``unframed_allowed`` (a world created before the chain).
 
     For a reader that sees rows one at a time (the projections, eventsourcing's
     own readers): the link to the rest of the stream is :func:`verify_stream`'s job.
     """
     if not is_framed(data):
+        if not unframed_allowed:
+            raise LogTamperedError(
+                f"{_where(stream_id, version, topic)}: the row carries no chain frame, in a"
+                " world whose rows all do"
+            )
         return data
     prev, recorded, payload = data[1:33], data[33:FRAME_SIZE], data[FRAME_SIZE:]
     if digest(prev, stream_id, version, topic, payload) != recorded:
@@ -144,6 +152,8 @@ class Verified(NamedTuple):
     """The last row's own digest (:data:`GENESIS` for no rows): the next row's ``prev``."""
     running: Running
     """The running digest after the last row, for the next append to continue."""
+    stored: Sequence[Row]
+    """The rows as stored, frames included."""
 
 
 def verify_stream(
@@ -190,7 +200,7 @@ def verify_stream(
     last = rows[-1][2] if rows else b""
     last_digest = row_digest(last) if is_framed(last) else GENESIS
     _check_head(stream_id, rows, head, framed, running.digest(), last_digest)
-    return Verified(out, last_digest, running)
+    return Verified(out, last_digest, running, rows)
 
 
 def _check_head(

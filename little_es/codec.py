@@ -70,6 +70,10 @@ def _payload(event: Event, wire_name: str) -> bytes:
 class PydanticMapper(Mapper[UUID]):
     """Maps little_es events (frozen pydantic models) to and from eventsourcing's StoredEvent."""
 
+    unframed_allowed = True
+    """Whether a row without a chain frame is read (a world created before the chain);
+    the world sets it from its record."""
+
     def to_stored_event(self, domain_event: DomainEventProtocol[UUID]) -> StoredEvent:
         """Serialise an event; its topic is its wire name.
 
@@ -117,7 +121,7 @@ class PydanticMapper(Mapper[UUID]):
         link to the rest of its stream is not: a reader of whole streams uses
         :func:`~little_es.chain.verify_stream` and :meth:`decode_payload`.
         """
-        payload = unframe(stream_id, version, topic, data)
+        payload = unframe(stream_id, version, topic, data, unframed_allowed=self.unframed_allowed)
         return self.decode_payload(stream_id, version, topic, payload)
 
     def decode_payload(self, stream_id: UUID, version: int, topic: str, data: bytes) -> Event:

@@ -1,8 +1,8 @@
 """Model prices: what one recorded model call cost, in US dollars.
 
-This is the single place a dollar figure is produced (the reducer calls
-:func:`price_usage` for every ``harness.model.responded``). Prices come from
-three sources, in this order:
+This is the single place a dollar figure is produced (the reducer asks the
+world's pricer, in picodollars, for every ``harness.model.responded``). Prices
+come from three sources, in this order:
 
 1. prices recorded in the world (``world.set_model_price(...)``, ``little prices
    set``), as :class:`~little_es.events.ModelPriceSet` events of its price book,

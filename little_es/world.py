@@ -86,7 +86,6 @@ from little_es.materialize import MaterializedRunState, materialize_run_state
 from little_es.pricing import (
     checked_price,
     normalized_model_key,
-    price_usage_exact,
     price_usage_picodollars,
 )
 from little_es.values import Pricer, Usage
@@ -110,28 +109,6 @@ from a snapshot measured no faster than from the events themselves.
 """
 
 
-def _projector(cls: type[A]) -> Any:
-    def project(aggregate: A | None, events: Any) -> A | None:
-        for event in events:
-            if aggregate is None:
-                aggregate = cls.from_events(event.originator_id, ())
-            aggregate.mutate(event)
-        return aggregate
-
-    return project
-
-
-def _run_projector(pricer: Callable[[], Pricer]) -> Any:
-    def project(run: Run | None, events: Any) -> Run | None:
-        for event in events:
-            if run is None:
-                run = Run.from_stream(event.originator_id, (), pricer())
-            run.mutate(event)
-        return run
-
-    return project
-
-
 class LittleApplication(Application[UUID]):
     """The eventsourcing Application behind every world (pydantic mapper, orjson bytes)."""
 
@@ -140,18 +117,11 @@ class LittleApplication(Application[UUID]):
         "MAPPER_TOPIC": get_topic(PydanticMapper),
         "TRANSCODER_TOPIC": get_topic(OrjsonTranscoder),
     }
-    # World.save snapshots the aggregates itself; eventsourcing's own
-    # take_snapshot() (and the snapshot store it opens) need the class too.
+    # World.save frames and stores snapshots itself (World._snapshot); the intervals
+    # make eventsourcing open the snapshot store they go to.
     snapshot_class = Snapshot
     snapshotting_intervals: ClassVar[dict[type[Any], int]] = {Run: RUN_SNAPSHOT_INTERVAL}
     """First snapshot version per aggregate class; later ones double it (World.save)."""
-    snapshotting_projectors: ClassVar[dict[type[Any], Any]] = {
-        Run: _run_projector(lambda: price_usage_exact),
-        HarnessSession: _projector(HarnessSession),
-        OuterLoop: _projector(OuterLoop),
-        PriceBook: _projector(PriceBook),
-    }
-    """eventsourcing's own snapshotting reads these; a world loads runs with its own pricer."""
 
 
 @contextmanager
@@ -343,6 +313,8 @@ class World:
         self._legacy = False
         self._unrecorded = False
         self._legacy = self._open_record()
+        # The one-row readers (the projections) refuse an unframed row as a whole read does.
+        self._mapper.unframed_allowed = self._legacy
 
     def _open_record(self) -> bool:
         """Check the world is the one its backend remembers; return whether unframed rows may stand.
@@ -373,10 +345,22 @@ class World:
                 " directory)"
             )
         if not self.app.recorder.max_notification_id():
+            if self.backend.holds_artifacts():
+                raise WorldIntegrityError(
+                    f"world {self.name}: its database is empty but its artifact store holds"
+                    " artifacts of earlier runs: the database was emptied, deleted or replaced;"
+                    " restore it from a backup (nothing was read or written). If this world"
+                    " never held a run (its first run stopped before its first commit),"
+                    " remove its artifacts and open it again"
+                )
             self._unrecorded = True
             return False
         # A world created before worlds recorded themselves: record it now, as such.
-        self.save(self._new_record(LOG_FORMAT_UNCHAINED))
+        try:
+            self.save(self._new_record(LOG_FORMAT_UNCHAINED))
+        except ConcurrencyConflictError:
+            # Another process opened it at the same moment and recorded it first.
+            return self._open_record()
         return True
 
     def _new_record(self, log_format: Literal[1, 2]) -> WorldRecord:
@@ -568,8 +552,8 @@ class World:
     def read_stream(self, stream_id: UUID, *, after: int | None = None) -> list[Event]:
         """Every event of one stream (after version ``after``), in order, its chain verified."""
         with gc_paused():
-            events, _ = self._read_stream(stream_id, None, frozenset())
-            return events[after:] if after else events
+            events, _ = self._read_stream(stream_id, frozenset(), after=after or 0)
+            return events
 
     def _verified(self, stream_id: UUID) -> Verified:
         """A whole stream, its chain and head verified (:func:`~little_es.chain.verify_stream`).
@@ -592,15 +576,16 @@ class World:
         return verify_stream(stream_id, rows, head, legacy=self._legacy)
 
     def _read_stream(
-        self, stream_id: UUID, after: int | None, skip: frozenset[type[Event]]
+        self, stream_id: UUID, skip: frozenset[type[Event]], *, after: int = 0
     ) -> tuple[list[Event], int]:
-        """The stream's events, leaving those of a class in ``skip`` undecoded (never the last).
+        """The stream's events after version ``after``, leaving those of a class in ``skip``
+        undecoded (never the last).
 
-        Returns the decoded events and how many were skipped. An unknown topic
-        is never skipped, so it is refused all the same. ``after`` is unused
-        (a stream is verified from its first row) and kept for callers.
+        The whole stream is verified, from its first row. Returns the decoded
+        events and how many were skipped. An unknown topic is never skipped, so
+        it is refused all the same.
         """
-        rows = self._verified(stream_id).rows
+        rows = self._verified(stream_id).rows[after:]
         decode = self._mapper.decode_payload
         if not skip or not rows:
             return [decode(stream_id, v, topic, state) for v, topic, state in rows], 0
@@ -643,7 +628,7 @@ class World:
         # Paused for the merge too: it keeps every decoded event alive.
         with gc_paused():
             try:
-                run_events, _ = self._read_stream(run_stream_id(run_id), None, frozenset())
+                run_events, _ = self._read_stream(run_stream_id(run_id), frozenset())
                 if not run_events:
                     raise RunNotFoundError(run_id, self.name)
                 session_ids = list(
@@ -656,7 +641,7 @@ class World:
                 streams = [run_events]
                 skipped = 0
                 for session_id in session_ids:
-                    events, n = self._read_stream(session_id, None, skip)
+                    events, n = self._read_stream(session_id, skip)
                     streams.append(events)
                     skipped += n
             except EventLogError as exc:
@@ -706,6 +691,20 @@ class World:
             aggregate.chain_running = checked.running
             return aggregate
 
+    def catch_up(self, aggregate: Aggregate) -> None:
+        """Fold into ``aggregate`` the events appended to its stream since its version.
+
+        The whole stream is verified, as by every read, and the aggregate takes
+        its chain digests, so its next save links to the stored end of the stream.
+        """
+        with gc_paused():
+            checked = self._verified(aggregate.id)
+            decode = self._mapper.decode_payload
+            for version, topic, payload in checked.rows[aggregate.version :]:
+                aggregate.mutate(decode(aggregate.id, version, topic, payload))
+            aggregate.chain_digest = checked.digest
+            aggregate.chain_running = checked.running
+
     def _latest_snapshot(self, stream_id: UUID, checked: Verified) -> Snapshot | None:
         """The latest snapshot of a verified stream, checked to stand on it; None without one.
 
@@ -724,12 +723,8 @@ class World:
         if version > len(checked.rows):
             # Taken after the rows were read (by a concurrent writer): fold from the events.
             return None
-        stood_on = self._select(stream_id, version - 1)[:1]
-        if (
-            not stood_on
-            or not is_framed(stood_on[0][2])
-            or row_digest(stood_on[0][2]) != bytes(row.state[1:33])
-        ):
+        stood_on = checked.stored[version - 1][2]
+        if not is_framed(stood_on) or row_digest(stood_on) != bytes(row.state[1:33]):
             raise LogTamperedError(
                 f"stream {stream_id}: the snapshot at version {version} does not stand on the"
                 " stored event of that version (their digests differ); the snapshot was"

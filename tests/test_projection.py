@@ -16,7 +16,7 @@ from little_es.events import OuterLoopStarted, utc_now
 from little_es.ids import run_stream_id
 from little_es.projections import RunsProjection, list_runs
 from little_es.replay import replay_run
-from little_es.testing.logs import RunWriter, priced, unpriced, write_agent_run
+from little_es.testing.logs import RunWriter, append_raw_row, priced, unpriced, write_agent_run
 from little_es.world import World
 
 
@@ -144,14 +144,26 @@ def test_other_streams_are_skipped_without_decoding(world: World) -> None:
 
 def test_an_unreadable_run_event_stops_the_page_and_writes_nothing(world: World) -> None:
     write_agent_run(world, "run_ok", steps=1, calls_per_step=1)
-    stream = run_stream_id("run_ok")
-    version = len(world.read_stream(stream)) + 1
     state = orjson.dumps({"timestamp": utc_now().isoformat()})
-    world.app.recorder.insert_events([StoredEvent(stream, version, "acme.FromTheFuture", state)])
+    append_raw_row(world, run_stream_id("run_ok"), "acme.FromTheFuture", state)
     projection = RunsProjection(world)
     with pytest.raises(RunsProjectionError, match=r"acme\.FromTheFuture.*import the module"):
         projection.catch_up()
     assert projection.position is None
+    assert projection.runs() == ()
+
+
+def test_an_unframed_row_is_refused_as_a_whole_read_refuses_it(world: World) -> None:
+    """A row written behind the world's back without a chain frame is not folded into the
+    read model (replay refuses it too)."""
+    write_agent_run(world, "run_forged", steps=1, calls_per_step=1)
+    stream = run_stream_id("run_forged")
+    version = len(world.read_stream(stream)) + 1
+    forged = orjson.dumps({"timestamp": utc_now().isoformat(), "output": "forged"})
+    world.app.recorder.insert_events([StoredEvent(stream, version, "RunCompleted", forged)])
+    projection = RunsProjection(world)
+    with pytest.raises(RunsProjectionError, match="no chain frame"):
+        projection.catch_up()
     assert projection.runs() == ()
 
 

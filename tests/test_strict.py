@@ -129,10 +129,18 @@ def test_a_snapshot_of_a_run_holding_a_value_at_the_limit_is_recorded(tmp_path: 
     with local_world(tmp_path / "w") as world:
         run(world, [task("deep", lambda ctx: nested(MAX_JSON_DEPTH))], "run_snap")
         loaded = world.load_run("run_snap")
-        assert world.app.snapshots is not None
-        world.app.snapshots.put([loaded.take_snapshot()])
+        world._snapshot(loaded)  # framed and stored as World.save stores one
     with local_world(tmp_path / "w") as world:
+        decoded: list[str] = []
+        real = world._mapper.decode_payload
+
+        def decode(stream_id: Any, version: int, topic: str, data: bytes) -> Any:
+            decoded.append(topic)
+            return real(stream_id, version, topic, data)
+
+        world._mapper.decode_payload = decode  # type: ignore[method-assign]
         assert world.load_run("run_snap").fold.steps["deep"].output == nested(MAX_JSON_DEPTH)
+        assert decoded == ["little_es.snapshot"], "the run was not loaded from its snapshot"
 
 
 # ------------------------------------------------------------------ NaN and infinities

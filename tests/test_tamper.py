@@ -230,7 +230,7 @@ CASES = [
     Case("row deleted mid run stream", _run_stream_gap),
     Case("inline step output edited", _edit("StepCompleted", b'"tides"', b'"tidex"')),
     Case(
-        "forged artifact reference (another run's, run id rewritten)",
+        "artifact reference written into a step's output",
         _edit("StepCompleted", b'"output_ref":null', _FORGED_REF),
     ),
     Case(
@@ -361,6 +361,18 @@ def test_a_deleted_events_file_is_refused_not_taken_for_a_new_world(tmp_path: Pa
     with pytest.raises(WorldIntegrityError, match=r"events\.sqlite3 is missing"):
         local_world(data_dir)
     assert not (data_dir / "events.sqlite3").exists()
+
+
+def test_a_data_directory_with_artifacts_but_no_events_or_marker_is_refused(
+    tmp_path: Path,
+) -> None:
+    data_dir = _completed_world(tmp_path)
+    with local_world(data_dir) as world:
+        world.artifacts.put(b"x" * 100, run_id=_RUN, step_path="prepare")
+    for name in ("events.sqlite3", "events.sqlite3-wal", "events.sqlite3-shm", "world.json"):
+        (data_dir / name).unlink(missing_ok=True)
+    with pytest.raises(WorldIntegrityError, match="artifact store holds artifacts"):
+        local_world(data_dir)
 
 
 def test_an_emptied_database_is_refused(tmp_path: Path) -> None:

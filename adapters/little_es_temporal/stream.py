@@ -19,7 +19,6 @@ from little_es.domain import Run
 from little_es.durability import RunRecorder
 from little_es.engine.executor import RunWriter, outputs_from_fold
 from little_es.errors import ConcurrencyConflictError
-from little_es.ids import run_stream_id
 from little_es.materialize import RunFold
 from little_es.world import World
 from little_es_temporal.errors import TemporalAdapterError
@@ -58,8 +57,7 @@ class RunCache:
                 return None
             run = loaded.run
         else:
-            for event in self._world.read_stream(run_stream_id(run_id), after=run.version):
-                run.mutate(event)
+            self._world.catch_up(run)
         self._keep(run_id, run)
         return RunRecorder(self._world, run)
 

@@ -274,8 +274,9 @@ class RunLeases(ABC):
     def hold(self, run_id: str) -> Iterator[Lease]:
         """Hold the lease on ``run_id`` for the ``with`` block, or raise ConcurrentRunError.
 
-        Inside the block, :func:`check_leases` checks it (in this context and
-        the tasks and threads started from it).
+        Inside the block, :func:`check_leases` checks it: in this context and
+        what copies it (asyncio tasks, ``asyncio.to_thread``), not in a plain
+        ``threading.Thread``, which starts with an empty context.
         """
         token = self._acquire(run_stream_id(run_id))
         if token is None:

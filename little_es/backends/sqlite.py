@@ -293,6 +293,26 @@ class LittleSQLiteApplicationRecorder(SQLiteApplicationRecorder):
         self, stored_events: Sequence[StoredEvent], *, durable: bool = True, **kwargs: Any
     ) -> Sequence[int] | None:
         """Insert in one transaction; fsynced per the world's policy only when ``durable``."""
+        with _refusing_corruption(self._name):
+            return self._insert(stored_events, durable=durable, **kwargs)
+
+    def select_notifications(self, *args: Any, **kwargs: Any) -> Any:
+        """eventsourcing's, with a damaged file refused by name."""
+        with _refusing_corruption(self._name):
+            return super().select_notifications(*args, **kwargs)
+
+    def max_notification_id(self) -> int:
+        """eventsourcing's, with a damaged file refused by name."""
+        with _refusing_corruption(self._name):
+            return super().max_notification_id()
+
+    @property
+    def _name(self) -> str:
+        return f"sqlite:///{Path(self.datastore.pool.db_name).parent.resolve()}"
+
+    def _insert(
+        self, stored_events: Sequence[StoredEvent], *, durable: bool, **kwargs: Any
+    ) -> Sequence[int] | None:
         pool = self.datastore.pool
         assert isinstance(pool, _SQLiteConnectionPool)
         if durable or pool.synchronous == "NORMAL":

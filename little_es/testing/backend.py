@@ -566,6 +566,47 @@ class BackendTestCase(WorldTestCase):
         self.assertEqual([type(e) for e in world.read_stream(run.id)], [RunStarted])
         self.assertEqual(len(world.read_stream(session.id)), 1 + 4)
 
+    def test_an_aggregate_caught_up_with_another_writers_events_keeps_the_chain(self) -> None:
+        """World.catch_up folds what another world appended and takes its chain digests, so
+        the next save links to the stored end of the stream (the Temporal run cache's path)."""
+        self._require_persistent()
+        world, other = self.open_world(), self.open_world()
+        world.save(_start_run("run_catch_up"))
+        mine = world.load_run("run_catch_up")
+        theirs = other.load_run("run_catch_up")
+        theirs.trigger(StepStarted, step_path="a", step_id="a", kind="task", visit=1, attempt=1)
+        other.save(theirs)
+        world.catch_up(mine)
+        self.assertEqual(mine.version, 2)
+        mine.trigger(StepCompleted, step_path="a", step_id="a", visit=1, attempt=1, output=1)
+        world.save(mine)
+        stored = other.read_stream(run_stream_id("run_catch_up"))
+        self.assertEqual([e.originator_version for e in stored], [1, 2, 3])
+
+    def test_a_commit_between_reading_rows_and_head_is_not_taken_for_a_cut_tail(self) -> None:
+        """A stream is read rows first, head second; a writer that commits in between leaves
+        the head ahead of the rows read, and the read tries again instead of refusing."""
+        self._require_persistent()
+        world, other = self.open_world(), self.open_world()
+        world.save(_start_run("run_between"))
+        real_select = world._select
+        raced: list[bool] = []
+
+        def select(stream_id: UUID, after: int | None) -> Any:
+            rows = real_select(stream_id, after)
+            if not raced:
+                raced.append(True)
+                run = other.load_run("run_between")
+                run.trigger(
+                    StepStarted, step_path="a", step_id="a", kind="task", visit=1, attempt=1
+                )
+                other.save(run)
+            return rows
+
+        self.enterContext(mock.patch.object(world, "_select", select))
+        self.assertEqual(len(world.read_stream(run_stream_id("run_between"))), 2)
+        self.assertEqual(raced, [True])
+
     def test_multi_aggregate_save_is_atomic_stale_first(self) -> None:
         self._check_multi_aggregate_save_is_atomic(stale_first=True)
 
