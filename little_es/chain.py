@@ -12,9 +12,13 @@ before it and its own, and a single row can be checked on its own
 
 A stream read whole is checked in one pass instead (:func:`verify_stream`):
 one SHA-256 over the stream id and every row's topic and payload, in version
-order, compared with the *head* the backend keeps for the stream,
-written in the same transaction as the rows (its last version, its last
-row's digest and that running digest; :meth:`~little_es.backends.base.Backend.stream_head`).
+order, compared with the *head* the backend keeps for the stream (its last
+version, its last row's digest and that running digest;
+:meth:`~little_es.backends.base.Backend.stream_head`), written in the same
+transaction as the rows by every commit that holds a result. The few rows a
+commit of write-ahead records alone added after the head (which a power cut
+may lose anyway, so they need not pay for a second table write) are checked
+one by one from it, and must be write-ahead records.
 An edited payload or topic, a deleted, inserted, moved or renumbered row, and
 rows cut off the end all change it (an edited frame alone changes no event:
 the single-row check and ``little verify`` find it). Only when it differs are the
@@ -42,6 +46,7 @@ from typing import Any, NamedTuple
 from uuid import UUID
 
 from little_es.errors import LogTamperedError
+from little_es.events import event_class_for
 
 FRAME_TAG = 0x01
 GENESIS = bytes(32)
@@ -172,6 +177,8 @@ def verify_stream(
     running = seed(stream_id)
     update = running.update
     topics = _topics
+    at_head = head.version if head is not None else 0
+    running_at_head = b""
     expected = 1
     framed = False
     for version, topic, data in rows:
@@ -196,49 +203,48 @@ def verify_stream(
         update(topic_bytes)
         update(payload)
         append((version, topic, payload))
+        if version == at_head:
+            running_at_head = running.digest()
         expected += 1
-    last = rows[-1][2] if rows else b""
-    last_digest = row_digest(last) if is_framed(last) else GENESIS
-    _check_head(stream_id, rows, head, framed, running.digest(), last_digest)
+    _check_head(stream_id, rows, head, running_at_head)
+    # Rows after the head: write-ahead records committed since the last commit that held
+    # a result (those do not move the head). Few, so checked one by one from the head.
+    tail = rows[at_head:]
+    last_digest = check_rows(stream_id, tail, prev=GENESIS if head is None else head.digest)
+    for version, topic, data in tail:
+        cls = event_class_for(topic)
+        if is_framed(data) and cls is not None and not cls.write_ahead:
+            raise LogTamperedError(
+                f"{_where(stream_id, version, topic)}: a result after the stream's head (every"
+                " commit holding a result moves the head): the row was added by something"
+                " other than little_es; restore the world from a backup"
+            )
     return Verified(out, last_digest, running, rows)
 
 
 def _check_head(
-    stream_id: UUID,
-    rows: Sequence[Row],
-    head: Head | None,
-    framed: bool,
-    running: bytes,
-    last_digest: bytes,
+    stream_id: UUID, rows: Sequence[Row], head: Head | None, running_at_head: bytes
 ) -> None:
-    version = rows[-1][0] if rows else 0
     if head is None:
-        if framed:
-            raise LogTamperedError(
-                f"stream {stream_id} has chained rows up to version {version} but no head"
-                " record: the world's head table was edited; restore the world from a backup"
-            )
         return
+    version = rows[-1][0] if rows else 0
     if version < head.version:
         raise LogTamperedError(
             f"stream {stream_id} ends at version {version} but was written up to version"
             f" {head.version}: rows were deleted from the end of the log; restore the world"
             " from a backup"
         )
-    if version > head.version:
-        raise LogTamperedError(
-            f"stream {stream_id} has rows up to version {version} but was written up to"
-            f" version {head.version}: rows were added to the log by something other than"
-            " little_es; restore the world from a backup"
-        )
-    if running != head.running or (framed and last_digest != head.digest):
-        locate_break(stream_id, rows, head)
+    at_head = rows[head.version - 1][2]
+    if running_at_head != head.running or (
+        is_framed(at_head) and row_digest(at_head) != head.digest
+    ):
+        locate_break(stream_id, rows[: head.version], head)
 
 
-def check_rows(stream_id: UUID, rows: Sequence[Row]) -> bytes:
-    """Check every framed row's own digest and its link to the row before; return the last
-    digest. The thorough walk ``little verify`` makes, and what names a break."""
-    prev = GENESIS
+def check_rows(stream_id: UUID, rows: Sequence[Row], *, prev: bytes = GENESIS) -> bytes:
+    """Check every framed row's own digest and its link to the row before (``prev`` for the
+    first); return the last digest (``prev`` for no rows). The thorough walk ``little verify``
+    makes, the check of rows after a stream's head, and what names a break."""
     for version, topic, data in rows:
         if not is_framed(data):
             # A row from before the chain: only the running digest covers it.

@@ -457,9 +457,10 @@ class World:
         aggregates: Sequence[Aggregate],
     ) -> None:
         try:
-            self.app.recorder.insert_events(
-                stored, durable=durable, heads={sid: head for sid, (head, _) in heads.items()}
-            )
+            # The heads move with the commits that hold a result: a commit of write-ahead
+            # records alone, which a power cut may lose anyway, saves a second table write.
+            moved = {sid: head for sid, (head, _) in heads.items()} if durable else {}
+            self.app.recorder.insert_events(stored, durable=durable, heads=moved)
         except IntegrityError as exc:
             if self._unrecorded and self._load(WorldRecord, world_stream_id()) is not None:
                 raise _RecordedElsewhereError from exc

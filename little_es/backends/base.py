@@ -100,9 +100,10 @@ class Backend(ABC):
         """What was last written to ``stream_id`` (:class:`~little_es.chain.Head`), or None.
 
         The recorder writes heads in the same transaction as the rows (the
-        ``heads`` argument of its ``insert_events``), in a table of their own
-        (:data:`HEADS_TABLE`), so rows deleted or edited behind the world's back
-        no longer match it. None for a stream never written since the chain.
+        ``heads`` argument of its ``insert_events``, given by every commit that
+        holds a result), in a table of their own (:data:`HEADS_TABLE`), so rows
+        deleted or edited behind the world's back no longer match it. None for
+        a stream with no such commit since the chain.
         """
 
     @abstractmethod
