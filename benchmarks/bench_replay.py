@@ -58,7 +58,7 @@ from little_es import (
     materialize_run_state,
     replay_run,
 )
-from little_es.chain import verify_stream
+from little_es.chain import payload_of, verify_stream
 from little_es.codec import PydanticMapper
 from little_es.materialize import COUNTED_ONLY
 from little_es.pricing import price_usage_exact
@@ -216,8 +216,8 @@ def stages(world: World, streams: list[UUID], repeat: int) -> dict[str, float]:
             t = clock("verify hash chain + head", t)
             decoded = [
                 [
-                    mapper.decode_payload(s, v, topic, payload)
-                    for i, (v, topic, payload) in enumerate(stream_rows)
+                    mapper.decode_payload(s, v, topic, payload_of(data))
+                    for i, (v, topic, data) in enumerate(stream_rows)
                     if topic not in counted_only or i == len(stream_rows) - 1
                 ]
                 for s, stream_rows in zip(streams, checked, strict=True)

@@ -11,17 +11,16 @@ before it and its own, and a single row can be checked on its own
 (:func:`unframe`).
 
 A stream read whole is checked in one pass instead (:func:`verify_stream`):
-one SHA-256 over the stream id and every row's topic and payload, in version
-order, compared with the *head* the backend keeps for the stream (its last
+one SHA-256 over the stream id and every row's topic and stored bytes (frame
+and payload), in version order, compared with the *head* the backend keeps for the stream (its last
 version, its last row's digest and that running digest;
 :meth:`~little_es.backends.base.Backend.stream_head`), written in the same
 transaction as the rows by every commit that holds a result. The few rows a
 commit of write-ahead records alone added after the head (which a power cut
 may lose anyway, so they need not pay for a second table write) are checked
 one by one from it, and must be write-ahead records.
-An edited payload or topic, a deleted, inserted, moved or renumbered row, and
-rows cut off the end all change it (an edited frame alone changes no event:
-the single-row check and ``little verify`` find it). Only when it differs are the
+An edited payload, frame or topic, a deleted, inserted, moved or renumbered
+row, and rows cut off the end all change it. Only when it differs are the
 rows checked one by one, to name the version and what differs
 (:func:`locate_break`). One running hash costs a fraction of a digest per row
 (measured in ``benchmarks/bench_replay.py``), which is why the fast path does
@@ -110,13 +109,13 @@ def payload_of(data: bytes) -> bytes:
     return data[FRAME_SIZE:] if is_framed(data) else data
 
 
-def feed(running: Running, topic: str, payload: bytes) -> None:
-    """Add one row (its topic and payload) to a running digest."""
+def feed(running: Running, topic: str, data: bytes) -> None:
+    """Add one stored row (its topic and its bytes as stored) to a running digest."""
     topic_bytes = _topics.get(topic)
     if topic_bytes is None:
         topic_bytes = _topics.setdefault(topic, topic.encode() + b"\x00")
     running.update(topic_bytes)
-    running.update(payload)
+    running.update(data)
 
 
 def _where(stream_id: UUID, version: int, topic: str) -> str:
@@ -151,14 +150,12 @@ def unframe(
 class Verified(NamedTuple):
     """A whole stream as :func:`verify_stream` checked it."""
 
-    rows: list[Row]
-    """``(version, topic, payload)``, frames removed."""
+    rows: Sequence[Row]
+    """The rows as stored, frames included (:func:`payload_of` gives a row's payload)."""
     digest: bytes
     """The last row's own digest (:data:`GENESIS` for no rows): the next row's ``prev``."""
     running: Running
     """The running digest after the last row, for the next append to continue."""
-    stored: Sequence[Row]
-    """The rows as stored, frames included."""
 
 
 def verify_stream(
@@ -172,8 +169,6 @@ def verify_stream(
     Raises :class:`~little_es.errors.LogTamperedError` naming the stream, the
     version and what differs.
     """
-    out: list[Row] = []
-    append = out.append
     running = seed(stream_id)
     update = running.update
     topics = _topics
@@ -187,12 +182,9 @@ def verify_stream(
                 f"stream {stream_id}: version {expected} is missing (the next stored row is"
                 f" version {version}); rows were deleted from the log"
             )
-        if data[:1] == _tag:
+        if data[0] == FRAME_TAG:
             framed = True
-            payload = data[FRAME_SIZE:]
-        elif legacy and not framed and data[:1] == b"{":
-            payload = data
-        else:
+        elif not (legacy and not framed and data[:1] == b"{"):
             raise LogTamperedError(
                 f"{_where(stream_id, version, topic)}: the row carries no chain frame, in a"
                 " stream or world whose rows all do"
@@ -201,8 +193,7 @@ def verify_stream(
         if topic_bytes is None:
             topic_bytes = topics.setdefault(topic, topic.encode() + b"\x00")
         update(topic_bytes)
-        update(payload)
-        append((version, topic, payload))
+        update(data)
         if version == at_head:
             running_at_head = running.digest()
         expected += 1
@@ -219,7 +210,7 @@ def verify_stream(
                 " commit holding a result moves the head): the row was added by something"
                 " other than little_es; restore the world from a backup"
             )
-    return Verified(out, last_digest, running, rows)
+    return Verified(rows, last_digest, running)
 
 
 def _check_head(

@@ -49,6 +49,7 @@ from little_es.chain import (
     feed,
     frame,
     is_framed,
+    payload_of,
     row_digest,
     verify_stream,
 )
@@ -421,7 +422,7 @@ class World:
                 version = event.originator_version
                 data = frame(prev, aggregate.id, version, topic, payload)
                 prev = row_digest(data)
-                feed(running, topic, payload)
+                feed(running, topic, data)
                 stored.append(StoredEvent(aggregate.id, version, topic, data))
             heads[aggregate.id] = (Head(aggregate.version, prev, running.digest()), running)
         if not stored:
@@ -589,16 +590,16 @@ class World:
         rows = self._verified(stream_id).rows[after:]
         decode = self._mapper.decode_payload
         if not skip or not rows:
-            return [decode(stream_id, v, topic, state) for v, topic, state in rows], 0
+            return [decode(stream_id, v, topic, payload_of(state)) for v, topic, state in rows], 0
         # By topic: an unknown topic is never in the set, so it is decoded (and refused).
         skipped_topics = {cls.wire_name for cls in skip}
         *body, (last_version, last_topic, last_state) = rows
         events = [
-            decode(stream_id, v, topic, state)
+            decode(stream_id, v, topic, payload_of(state))
             for v, topic, state in body
             if topic not in skipped_topics
         ]
-        events.append(decode(stream_id, last_version, last_topic, last_state))
+        events.append(decode(stream_id, last_version, last_topic, payload_of(last_state)))
         return events, len(rows) - len(events)
 
     def select_stored(self, stream_id: UUID) -> Sequence[StoredEvent]:
@@ -686,8 +687,8 @@ class World:
                 aggregate.mutate(snapshot)
                 rows = rows[snapshot.originator_version :]
             decode = self._mapper.decode_payload
-            for version, topic, payload in rows:
-                aggregate.mutate(decode(stream_id, version, topic, payload))
+            for version, topic, data in rows:
+                aggregate.mutate(decode(stream_id, version, topic, payload_of(data)))
             aggregate.chain_digest = checked.digest
             aggregate.chain_running = checked.running
             return aggregate
@@ -701,8 +702,8 @@ class World:
         with gc_paused():
             checked = self._verified(aggregate.id)
             decode = self._mapper.decode_payload
-            for version, topic, payload in checked.rows[aggregate.version :]:
-                aggregate.mutate(decode(aggregate.id, version, topic, payload))
+            for version, topic, data in checked.rows[aggregate.version :]:
+                aggregate.mutate(decode(aggregate.id, version, topic, payload_of(data)))
             aggregate.chain_digest = checked.digest
             aggregate.chain_running = checked.running
 
@@ -724,7 +725,7 @@ class World:
         if version > len(checked.rows):
             # Taken after the rows were read (by a concurrent writer): fold from the events.
             return None
-        stood_on = checked.stored[version - 1][2]
+        stood_on = checked.rows[version - 1][2]
         if not is_framed(stood_on) or row_digest(stood_on) != bytes(row.state[1:33]):
             raise LogTamperedError(
                 f"stream {stream_id}: the snapshot at version {version} does not stand on the"

@@ -39,7 +39,6 @@ from little_es.chain import (
     feed,
     frame,
     is_framed,
-    payload_of,
     row_digest,
     seed,
 )
@@ -76,10 +75,10 @@ def append_raw_row(world: World, stream_id: UUID, topic: str, payload: bytes) ->
     prev = row_digest(rows[-1][2]) if rows and is_framed(rows[-1][2]) else GENESIS
     running = seed(stream_id)
     for _, old_topic, old_data in rows:
-        feed(running, old_topic, payload_of(old_data))
+        feed(running, old_topic, old_data)
     version = len(rows) + 1
     data = frame(prev, stream_id, version, topic, payload)
-    feed(running, topic, payload)
+    feed(running, topic, data)
     head = Head(version, row_digest(data), running.digest())
     world.app.recorder.insert_events(
         [StoredEvent(stream_id, version, topic, data)], heads={stream_id: head}
