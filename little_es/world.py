@@ -39,7 +39,7 @@ from eventsourcing.application import Application
 from eventsourcing.persistence import IntegrityError, StoredEvent
 from eventsourcing.utils import get_topic
 
-from little_es.backends.base import Backend, Lease
+from little_es.backends.base import Backend, Lease, check_leases
 from little_es.backends.memory import MemoryBackend
 from little_es.backends.sqlite import SQLiteBackend, Synchronous
 from little_es.chain import (
@@ -543,9 +543,14 @@ class World:
         return tuple(self._book_pricer.refresh().prices.recorded)
 
     def record_run_event(self, run_id: str, event_class: type[E], **fields: Any) -> E:
-        """Append one event of your own (a :class:`RunEvent` subclass) to a run's stream."""
+        """Append one event of your own (a :class:`RunEvent` subclass) to a run's stream.
+
+        Inside a driver (a step, a tool) its lease is checked first, as before
+        every append the runtime makes: one that lost it records nothing.
+        """
         run = self.load_run(run_id)
         event = run.trigger(event_class, **fields)
+        check_leases()
         self.save(run)
         return event
 

@@ -868,6 +868,11 @@ class BackendTestCase(WorldTestCase):
             lease.check()
         with self.assertRaisesRegex(LeaseLostError, "run_lease"):
             check_leases()
+        # An event of the user's own, recorded by the stale holder, is refused too.
+        world.save(_start_run("run_lease"))
+        with self.assertRaises(LeaseLostError):
+            world.record_run_event("run_lease", RunCompleted, output="stale")
+        self.assertEqual(len(world.read_stream(run_stream_id("run_lease"))), 1)
         with other.run_lease("run_lease") as taken:
             taken.check()
             with self.assertRaises(LeaseLostError):
