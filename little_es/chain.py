@@ -12,19 +12,20 @@ before it and its own, and a single row can be checked on its own
 
 A stream read whole is checked in one pass instead (:func:`verify_stream`):
 one SHA-256 over the stream id and every row's topic and stored bytes (frame
-and payload), in version order, compared with the *head* the backend keeps for the stream (its last
-version, its last row's digest and that running digest;
-:meth:`~little_es.backends.base.Backend.stream_head`), written in the same
-transaction as the rows by every commit that holds a result. The few rows a
-commit of write-ahead records alone added after the head (which a power cut
-may lose anyway, so they need not pay for a second table write) are checked
-one by one from it, and must be write-ahead records.
-An edited payload, frame or topic, a deleted, inserted, moved or renumbered
-row, and rows cut off the end all change it. Only when it differs are the
-rows checked one by one, to name the version and what differs
-(:func:`locate_break`). One running hash costs a fraction of a digest per row
-(measured in ``benchmarks/bench_replay.py``), which is why the fast path does
-not check every row's own digest.
+and payload), in version order, compared with the *head* the backend keeps
+for the stream (its last version, its last row's digest and that running
+digest; :meth:`~little_es.backends.base.Backend.stream_head`), written in the
+same transaction as the rows by every commit that holds a result. An edited
+payload, frame or topic, a deleted, inserted, moved or renumbered row, and
+rows cut off the end all change it. Only when it differs are the rows checked
+one by one, to name the version and what differs (:func:`locate_break`). The
+few rows that commits of write-ahead records alone added after the head
+(which a power cut may lose anyway, so they need not pay for a second table
+write) are checked one by one from it, and must be write-ahead records.
+
+One running hash costs a fraction of a digest per row (measured in
+``benchmarks/bench_replay.py``), which is why the fast path does not check
+every row's own digest.
 
 What it does not do: a writer that knows this format can recompute a whole
 stream and its head. The chain proves a log was not edited, truncated or
@@ -161,7 +162,7 @@ class Verified(NamedTuple):
 def verify_stream(
     stream_id: UUID, rows: Sequence[Row], head: Head | None, *, legacy: bool
 ) -> Verified:
-    """Check a whole stream (its rows from version 1, in order) and return it unframed.
+    """Check a whole stream (its rows from version 1, in order); return it with its digests.
 
     ``head`` is what the backend keeps (None: nothing written since the chain). ``legacy``
     allows rows without a frame in front of the first framed one.
@@ -182,7 +183,7 @@ def verify_stream(
                 f"stream {stream_id}: version {expected} is missing (the next stored row is"
                 f" version {version}); rows were deleted from the log"
             )
-        if data[0] == FRAME_TAG:
+        if data[:1] == _tag:
             framed = True
         elif not (legacy and not framed and data[:1] == b"{"):
             raise LogTamperedError(
