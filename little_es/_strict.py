@@ -183,16 +183,12 @@ def check_stored_payload(model: BaseModel, label: str, data: bytes) -> None:
     problem = find_problem(model, "", 0) or _dropped_by_schema(model, "")
     if problem is not None:
         raise EventPayloadError(f"cannot record {label}: {problem}")
-    try:
-        type(model).__pydantic_validator__.validate_json(data)
-    except ValidationError as exc:
-        raise EventPayloadError(
-            f"cannot record {label}: the payload would not read back: {describe(exc)}"
-        ) from exc
+    check_snapshot_payload(model, label, data)
 
 
 def check_snapshot_payload(model: BaseModel, label: str, data: bytes) -> None:
-    """Refuse a snapshot unless ``data`` validates as the reader validates it.
+    """Refuse a payload (a snapshot's, or any once its values are checked) unless ``data``
+    validates as the reader validates it.
 
     A snapshot holds a fold of events already checked, nested inside the
     state's own structure: the depth limit of values does not apply to it as a

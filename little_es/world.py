@@ -369,13 +369,6 @@ class World:
         record.trigger(WorldCreated, world_id=uuid4().hex, log_format=log_format)
         return record
 
-    @property
-    def world_id(self) -> str:
-        """This world's id (recorded in its own stream when it was first opened)."""
-        record = self._load(WorldRecord, world_stream_id())
-        assert record is not None and record.created is not None
-        return record.created.world_id
-
     def __repr__(self) -> str:
         return f"World({self.name})"
 
@@ -612,8 +605,18 @@ class World:
         return self.app.recorder.select_events(stream_id)
 
     def run_exists(self, run_id: str) -> bool:
-        """Whether ``run_id`` has a ``Run`` stream in this world."""
-        return bool(self.app.recorder.select_events(run_stream_id(run_id), limit=1))
+        """Whether ``run_id`` has a ``Run`` stream in this world.
+
+        Raises :class:`LogTamperedError` for a run whose rows are gone while its
+        head says they were written: it existed, and must not be taken for new.
+        """
+        stream_id = run_stream_id(run_id)
+        if self.app.recorder.select_events(stream_id, limit=1):
+            return True
+        head = self.backend.stream_head(stream_id)
+        if head is not None:
+            verify_stream(stream_id, (), head, legacy=self._legacy)  # raises: rows deleted
+        return False
 
     def read_run_log(self, run_id: str) -> list[Event]:
         """The run's event log: its ``Run`` stream merged with its harness sessions' streams.

@@ -375,6 +375,22 @@ def test_a_data_directory_with_artifacts_but_no_events_or_marker_is_refused(
         local_world(data_dir)
 
 
+def test_a_run_whose_rows_are_gone_is_not_taken_for_one_that_never_existed(
+    tmp_path: Path,
+) -> None:
+    data_dir = _completed_world(tmp_path)
+    conn = sqlite3.connect(data_dir / "events.sqlite3")
+    with conn:
+        conn.execute(
+            "DELETE FROM stored_events WHERE originator_id = ?", (run_stream_id(_RUN).hex,)
+        )
+    conn.close()
+    with local_world(data_dir) as world:
+        assert not world.run_exists("run_never_started")
+        with pytest.raises(LogTamperedError, match="rows were deleted"):
+            world.run_exists(_RUN)
+
+
 def test_an_emptied_database_is_refused(tmp_path: Path) -> None:
     data_dir = _completed_world(tmp_path)
     conn = sqlite3.connect(data_dir / "events.sqlite3")
