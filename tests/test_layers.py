@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("domain",),
     ("backends", "backends.*"),
     ("world",),
-    ("durability",),
+    ("durability", "totals"),
     ("harness", "harness.*"),
     ("workflow.authoring",),
     ("engine", "engine.*"),
