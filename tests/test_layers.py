@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("workflow.authoring",),
     ("engine", "engine.*"),
     ("orchestrator",),
-    ("replay", "projections", "verify"),
+    ("replay", "projections", "verify", "diff"),
     ("render",),
     ("cli", "cli.*"),
     ("testing", "testing.*", "contrib", "contrib.*"),
