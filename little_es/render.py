@@ -503,7 +503,7 @@ def _diff_row(step: StepDiff) -> tuple[str, ...]:
         _both(_step_status(step.status_a), _step_status(step.status_b)),
         output,
         _both(str(a.calls), str(b.calls)),
-        _both(_tokens(a), _tokens(b)),
+        _both(f"{a.input_tokens:,}/{a.output_tokens:,}", f"{b.input_tokens:,}/{b.output_tokens:,}"),
         _both(cost_text(a), cost_text(b)),
         tools,
     )
@@ -523,7 +523,7 @@ def render_diff(diff: RunDiff, console: Console) -> RunDiff:
     table.add_column("status", no_wrap=True)
     table.add_column("output", no_wrap=True)
     table.add_column("model calls", justify="right", no_wrap=True)
-    table.add_column("tokens in / out", justify="right", no_wrap=True)
+    table.add_column("tokens in/out", justify="right", no_wrap=True)
     table.add_column("cost (USD)", justify="right", no_wrap=True)
     table.add_column("tool calls", overflow="fold")
     for step in diff.steps:
@@ -543,7 +543,7 @@ def render_diff(diff: RunDiff, console: Console) -> RunDiff:
     console.print(table)
     changed = [(s.step_path, s.output_changes) for s in diff.steps if s.output_changes]
     if diff.output_changes:
-        changed.append(("run output", diff.output_changes))
+        changed.append(("the run", diff.output_changes))
     for path, changes in changed:
         console.print(f"[bold]{escape(path)}[/] output:")
         for change in changes:

@@ -17,10 +17,11 @@ import orjson
 import typer
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 
 from little_es.cli.common import WorldOption
 from little_es.engine.local import run_workflow
-from little_es.errors import WorkflowRefError
+from little_es.errors import RunStoppedError, WorkflowRefError
 from little_es.events import Event
 from little_es.render import StepBoard
 from little_es.values import Budget
@@ -102,6 +103,10 @@ def _drive(
                     resume_cancelled=resume_cancelled,
                 )
             )
+    except RunStoppedError as exc:
+        # Stopped on purpose (cancelled, out of budget): resumable, not a failure.
+        console.print(f"[yellow]stopped[/]: {escape(str(exc))}")
+        raise typer.Exit(1) from None
     except KeyboardInterrupt:
         console.print(
             f"[yellow]interrupted[/]: the run is resumable with"
