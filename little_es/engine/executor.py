@@ -611,10 +611,14 @@ class StepExecutor:
             ctx = self.context(rec.fold, step_path, attempt, branch_value) if start else None
             return Begun(step, step_path, visit, attempt, limit, in_flight, ctx)
 
-        if start:
-            # A cancellation another process recorded is seen before the step starts.
-            self.writer.refresh()
-        return await self.writer.write(begin, catch_up=catch_up)
+        begun = await self.writer.write(begin, catch_up=catch_up)
+        if start and isinstance(begun, Begun) and begun.in_flight:
+            # A new attempt's StepStarted was appended at the next version: a cancel
+            # recorded by another process made it lose the version check, and the
+            # writer decided again, seeing the cancel. An attempt in flight appends
+            # nothing, so it looks.
+            self.check_stopped()
+        return begun
 
     async def attempt(self, begun: Begun, code: Callable[[], Awaitable[Any]]) -> Outcome:
         """Await ``code()`` (the attempt's work) and check what it returned.
@@ -735,11 +739,14 @@ class StepExecutor:
         """
         if fold is None:
             fold = self.writer.read()
-        if completed_step(fold, step_path) is None:
+        if step_path in fold.steps and completed_step(fold, step_path) is None:
+            # Started before (a resume): no StepStarted append to lose to a cancel.
             self.check_stopped()
         if step_path not in fold.steps:
 
             def start(rec: RunRecorder) -> None:
+                if rec.fold.status == "cancelled":
+                    raise RunCancelledError(self.run_id, rec.fold.stop_reason)
                 if step_path not in rec.fold.steps:
                     rec.step_started(
                         step_path, step_id=group.id, kind="parallel", visit=visit, attempt=1
