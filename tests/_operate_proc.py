@@ -30,7 +30,7 @@ from little_es.engine.local import run_workflow
 from little_es.errors import RunStoppedError
 from little_es.harness.tools import tool
 from little_es.values import Budget, ModelRequest, ModelResponse, ToolCall, Usage
-from little_es.workflow.authoring import Workflow, agent, task
+from little_es.workflow.authoring import Workflow, agent, subworkflow, task
 from little_es.workflow.context import StepContext
 from little_es.world import open_world
 
@@ -109,7 +109,10 @@ AGENT = Workflow(
 )
 """A task, an agent step of five model calls and four tool calls, a task."""
 
-_WORKFLOWS = {"slow": SLOW, "agent": AGENT}
+TREE = Workflow("op-tree", steps=[task("start", _step), subworkflow("sub", AGENT)])
+"""The agent workflow as a sub-run: a budget over the run covers it."""
+
+_WORKFLOWS = {"slow": SLOW, "agent": AGENT, "tree": TREE}
 
 
 def main(argv: list[str]) -> int:

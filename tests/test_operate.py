@@ -362,3 +362,13 @@ def test_report_shows_a_budget_stop(world: World) -> None:
     text = out.export_text()
     assert "budget_exceeded" in text and "budget (with sub-runs): 1 model calls" in text
     assert "in step plan: run 'run_rep' with its sub-runs has spent 1 model calls" in text
+
+
+def test_a_budget_must_be_a_budget(world: World) -> None:
+    wf = Workflow("b-flow", steps=[task("a", lambda ctx: 1)])
+    with pytest.raises(TypeError, match="budget must be a Budget"):
+        _run(world, wf, "run_bad_budget", {}, budget={"usd": 1})
+    with pytest.raises(ValueError):
+        Budget(usd=-1)
+    with pytest.raises(Exception, match="budget must be a Budget"):
+        agent("plan", model=_looping_model(1), prompt="p", budget=3)  # type: ignore[arg-type]

@@ -185,3 +185,45 @@ async def test_cancel_on_temporal_stops_before_the_next_step_and_resumes_when_as
         await asyncio.sleep(0.2)
         assert replay_run(world, "run_t_cancel").state.status == "completed"
     assert _ledger(ledger) == Counter({"step first": 1, "step slow": 1, "step last": 1})
+
+
+async def test_a_budget_over_a_sub_run_on_temporal_records_no_failure_in_the_parent(
+    client: Client, tmp_path: Path, ledger: Path
+) -> None:
+    queue = f"q-{uuid.uuid4().hex[:12]}"
+    with local_world(tmp_path / "world") as world:
+        worker = create_worker(client, world, workflows=[op.TREE], task_queue=queue)
+        async with worker:
+            handle = await start_run(
+                client,
+                op.TREE,
+                {},
+                run_id="run_t_tree",
+                task_queue=queue,
+                timeouts=_FAST,
+                budget=Budget(model_calls=2),
+            )
+            with pytest.raises(WorkflowFailureError):
+                await handle.result()
+            (sub_id,) = replay_run(world, "run_t_tree").state.sub_run_ids
+            assert replay_run(world, sub_id).state.status == "budget_exceeded"
+            parent = replay_run(world, "run_t_tree").state
+            assert parent.steps["sub"].status == "running"  # in flight, not failed
+            assert not any(
+                isinstance(e, StepFailed | RunFailed) for e in _run_events(world, "run_t_tree")
+            )
+            again = await start_run(
+                client,
+                op.TREE,
+                run_id="run_t_tree",
+                task_queue=queue,
+                timeouts=_FAST,
+                budget=Budget(model_calls=10),
+            )
+            await again.result()
+        await asyncio.sleep(0.2)
+        assert replay_run(world, "run_t_tree").state.status == "completed"
+    expected = Counter({"step start": 1, "step fetch": 1, "step finish": 1})
+    expected.update({f"model {t}": 1 for t in range(1, 6)})
+    expected.update({f"tool q{t}": 1 for t in range(1, 5)})
+    assert _ledger(ledger) == expected

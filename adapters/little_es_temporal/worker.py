@@ -189,7 +189,7 @@ async def start_run(
     activity before each model call; a cancelled run is resumed only with
     ``resume_cancelled=True``.
     """
-    problem = check_run_request(workflow, input)
+    problem = check_run_request(workflow, input, budget)
     if problem is not None:
         raise TemporalAdapterError(problem)
     if timeouts is not None and not isinstance(timeouts, StepTimeouts):

@@ -142,8 +142,9 @@ def sub_run_id_for(parent_run_id: str, step_path: str) -> str:
     return f"sub_{digest}"
 
 
-def check_run_request(workflow: object, input: object) -> str | None:
-    """Why a run of ``workflow`` with ``input`` cannot be asked for, or None when it can."""
+def check_run_request(workflow: object, input: object, budget: object = None) -> str | None:
+    """Why a run of ``workflow`` with ``input`` (and ``budget``) cannot be asked for, or None
+    when it can."""
     if not isinstance(workflow, Workflow):
         return (
             f"workflow must be a little_es Workflow, got {type(workflow).__name__}: build one"
@@ -151,6 +152,11 @@ def check_run_request(workflow: object, input: object) -> str | None:
         )
     if input is not None and not isinstance(input, Mapping):
         return f"input must be a mapping (JSON object) or None, got {type(input).__name__}"
+    if budget is not None and not isinstance(budget, Budget):
+        return (
+            f"budget must be a Budget(usd=..., tokens=..., model_calls=...) or None, got"
+            f" {type(budget).__name__}"
+        )
     return None
 
 

@@ -277,7 +277,7 @@ async def run_workflow(
     next step, model call or tool call, and is resumed only with
     ``resume_cancelled=True``.
     """
-    problem = check_run_request(workflow, input)
+    problem = check_run_request(workflow, input, budget)
     if problem is not None:
         raise TypeError(problem)
     run_id = validate_run_id(run_id) if run_id is not None else new_run_id()
