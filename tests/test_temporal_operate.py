@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import time
 import uuid
 from collections import Counter
@@ -227,3 +228,58 @@ async def test_a_budget_over_a_sub_run_on_temporal_records_no_failure_in_the_par
     expected.update({f"model {t}": 1 for t in range(1, 6)})
     expected.update({f"tool q{t}": 1 for t in range(1, 5)})
     assert _ledger(ledger) == expected
+
+
+async def test_little_cancel_with_temporal_cancels_the_workflow(
+    client: Client,
+    dev_server: DevServer,
+    tmp_path: Path,
+    ledger: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(op, "_sleep_s", 5.0)  # longer than the command takes to start
+    queue = f"q-{uuid.uuid4().hex[:12]}"
+    url = f"sqlite:///{tmp_path / 'world'}"
+    with local_world(tmp_path / "world") as world:
+        worker = create_worker(client, world, workflows=[op.SLOW], task_queue=queue)
+        async with worker:
+            handle = await start_run(
+                client, op.SLOW, {}, run_id="run_t_cli", task_queue=queue, timeouts=_FAST
+            )
+            while "step slow" not in _ledger(ledger):
+                await asyncio.sleep(0.02)
+            repo = Path(__file__).resolve().parents[1]
+            env = {
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join([str(repo), str(repo / "adapters")]),
+            }
+            done = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "little_es.cli",
+                "cancel",
+                "run_t_cli",
+                "--reason",
+                "from the command line",
+                "--temporal",
+                dev_server.address,
+                "--world",
+                url,
+                env=env,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+            )
+            out, _ = await done.communicate()
+            assert done.returncode == 0, out.decode()
+            assert "recorded RunCancelled (and its Temporal workflow)" in out.decode()
+            with pytest.raises(WorkflowFailureError) as failure:
+                await handle.result()
+            assert isinstance(failure.value.cause, CancelledError)
+            deadline = time.monotonic() + 30
+            while replay_run(world, "run_t_cli").state.steps["slow"].status != "completed":
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)
+        state = replay_run(world, "run_t_cli").state
+        assert state.status == "cancelled" and state.stop_reason == "from the command line"
+    assert "step last" not in _ledger(ledger)
