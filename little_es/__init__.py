@@ -6,12 +6,14 @@ The public API is re-exported here; everything else is internal. See the README.
 from little_es._strict import MAX_JSON_DEPTH
 from little_es.backends.base import Lease, RunSummary, check_leases
 from little_es.domain import HarnessSession, OuterLoop, PriceBook, Run
+from little_es.durability import cancel_run
 from little_es.engine.local import RunResult, run_workflow
 from little_es.errors import (
     ArtifactError,
     ArtifactIntegrityError,
     ArtifactMismatchError,
     ArtifactNotFoundError,
+    BudgetExceededError,
     CapabilityDriftError,
     ConcurrencyConflictError,
     ConcurrentRunError,
@@ -31,11 +33,13 @@ from little_es.errors import (
     OutputNotSerializableError,
     ParallelReplayMismatchError,
     PricingError,
+    RunCancelledError,
     RunFailedError,
     RunInputMismatchError,
     RunNotFoundError,
     RunsProjectionError,
     RunStateError,
+    RunStoppedError,
     RuntimeIntegrityError,
     SessionInputError,
     StepExecutionError,
@@ -53,6 +57,8 @@ from little_es.errors import (
     WorldIntegrityError,
 )
 from little_es.events import (
+    BudgetExceeded,
+    BudgetSet,
     Event,
     HarnessEvent,
     ModelCalled,
@@ -61,9 +67,11 @@ from little_es.events import (
     OuterLoopEvent,
     ParallelBranchScheduled,
     PriceBookEvent,
+    RunCancelled,
     RunCompleted,
     RunEvent,
     RunFailed,
+    RunResumed,
     RunStarted,
     SessionCompleted,
     SessionStarted,
@@ -105,8 +113,10 @@ from little_es.pricing import (
 )
 from little_es.projections import list_runs
 from little_es.replay import ReplayPlanStep, ReplayResult, replay_run
+from little_es.totals import run_tree_totals
 from little_es.values import (
     ArtifactRef,
+    Budget,
     ErrorInfo,
     HydratedArtifact,
     Message,
@@ -140,6 +150,10 @@ __all__ = [
     "ArtifactMismatchError",
     "ArtifactNotFoundError",
     "ArtifactRef",
+    "Budget",
+    "BudgetExceeded",
+    "BudgetExceededError",
+    "BudgetSet",
     "CapabilityDriftError",
     "ConcurrencyConflictError",
     "ConcurrentRunError",
@@ -186,6 +200,8 @@ __all__ = [
     "ReplayResult",
     "RetryPolicy",
     "Run",
+    "RunCancelled",
+    "RunCancelledError",
     "RunCompleted",
     "RunEvent",
     "RunFailed",
@@ -193,8 +209,10 @@ __all__ = [
     "RunInputMismatchError",
     "RunNotFoundError",
     "RunResult",
+    "RunResumed",
     "RunStarted",
     "RunStateError",
+    "RunStoppedError",
     "RunSummary",
     "RunTree",
     "RunsProjectionError",
@@ -239,6 +257,7 @@ __all__ = [
     "WorldIntegrityError",
     "agent",
     "apply",
+    "cancel_run",
     "check_leases",
     "configure_logging",
     "decision",
@@ -261,6 +280,7 @@ __all__ = [
     "resolve_tools",
     "run_agent_session",
     "run_tree",
+    "run_tree_totals",
     "run_workflow",
     "start_workflow_tool",
     "subworkflow",

@@ -22,6 +22,21 @@ Before each, the process confirms it still holds the run's lease
 (:func:`~little_es.backends.base.check_leases`), and stops with
 :class:`~little_es.errors.LeaseLostError` if it lost it.
 
+Appends by a process that does not drive the run (:func:`cancel_run`, a user's
+:meth:`~little_es.world.World.record_run_event`) are safe under the stream's
+optimistic concurrency, without the run's lease. Such a writer loads the
+stream, appends at the next version and, if the driver appended first, fails
+the version check and tries again on the reloaded stream: the two never both
+take one version. The driver, for its part, either sees the foreign event
+before its next step, model call or tool call (:meth:`RunRecorder.refresh`:
+one indexed query for a row past its own version), or its next append fails
+the version check; it then reloads the stream and decides again on what it
+holds (a ``RunCancelled`` makes it stop, a user's event changes nothing). That
+retry cannot let a driver that lost its lease go on: the only other writer
+that takes versions from it is a driver that took the lease first, and the
+retried append checks the lease again, so it stops with
+:class:`~little_es.errors.LeaseLostError`.
+
 What a power cut may take: a commit that holds a result (``StepCompleted``,
 ``StepFailed``, ``RunStarted``...) is fsynced before the engine goes on (on
 SQLite with ``synchronous="full"``, the default; always on PostgreSQL). A
@@ -38,8 +53,10 @@ a killed process loses no committed record at all (see
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 from uuid import UUID
 
 import orjson
@@ -48,12 +65,21 @@ from pydantic import BaseModel
 from little_es._strict import check_json_value, refuse_problem
 from little_es.backends.base import check_leases
 from little_es.domain import Run
-from little_es.errors import OutputNotSerializableError, RunNotFoundError
+from little_es.errors import (
+    ConcurrencyConflictError,
+    OutputNotSerializableError,
+    RunNotFoundError,
+    RunStateError,
+)
 from little_es.events import (
+    BudgetExceeded,
+    BudgetSet,
     Event,
     ParallelBranchScheduled,
+    RunCancelled,
     RunCompleted,
     RunFailed,
+    RunResumed,
     RunStarted,
     StepCompleted,
     StepFailed,
@@ -62,7 +88,7 @@ from little_es.events import (
     SubRunReserved,
 )
 from little_es.materialize import RunFold
-from little_es.values import ArtifactRef, ErrorInfo
+from little_es.values import ArtifactRef, Budget, ErrorInfo
 from little_es.world import World
 
 OUTPUT_INLINE_LIMIT = 64 * 1024
@@ -198,6 +224,23 @@ class RunRecorder:
         )
         return recorder
 
+    def refresh(self) -> bool:
+        """Fold what another process appended to the run's stream since this recorder's
+        version (a ``RunCancelled``, a user's event); return whether there was anything.
+
+        Costs one indexed query when nothing was appended; the stream is read
+        (and verified) only when something was.
+        """
+        if not self.world.has_events_after(self.run.id, self.run.version):
+            return False
+        self.world.catch_up(self.run)
+        return True
+
+    def reload(self) -> None:
+        """Load the run's stream afresh, after an append of this recorder lost the version
+        check (its aggregate may hold the event that was not saved)."""
+        self.run = self.world.load_run(self.run_id)
+
     def _store_output(self, step_path: str, output: Any) -> tuple[Any, ArtifactRef | None]:
         """The output as read back from JSON, and its artifact when too large to inline."""
         data, read_back = _encode(step_path, output)
@@ -322,6 +365,71 @@ class RunRecorder:
     def run_failed(self, error: ErrorInfo, *, step_path: str | None) -> None:
         """Commit ``RunFailed``: retries ran out; the run may be resumed later."""
         self._commit(RunFailed, error=error, step_path=step_path)
+
+    def budget_set(self, budget: Budget) -> None:
+        """Commit ``BudgetSet``: the run's budget from here on."""
+        self._commit(BudgetSet, budget=budget)
+
+    def budget_exceeded(
+        self, *, scope: str, spent: str, step_path: str | None, unpriced_calls: int
+    ) -> None:
+        """Commit ``BudgetExceeded``: the run stopped before a model call, out of budget."""
+        self._commit(
+            BudgetExceeded,
+            scope=scope,
+            spent=spent,
+            step_path=step_path,
+            unpriced_calls=unpriced_calls,
+        )
+
+    def run_resumed(self) -> None:
+        """Commit ``RunResumed``: a cancelled or out-of-budget run continues."""
+        self._commit(RunResumed, previous_status=self.fold.status)
+
+
+_CANCEL_ATTEMPTS = 50
+
+
+def cancel_run(
+    world: World,
+    run_id: str,
+    *,
+    reason: str | None = None,
+    requested_by: str | None = None,
+    engine: Literal["local", "temporal"] = "local",
+) -> RunCancelled | None:
+    """Record ``RunCancelled`` on ``run_id``; its driver stops before its next step, model call
+    or tool call, and the run is resumed only when asked (``resume_cancelled=True``).
+
+    Run from any process: it does not take the run's lease (the driver holds it)
+    and is safe under the stream's optimistic concurrency (see this module).
+    Returns the event, or None when the run was cancelled already (nothing is
+    appended twice). Raises :class:`~little_es.errors.RunNotFoundError` for a run
+    that never started and :class:`~little_es.errors.RunStateError` for a
+    completed one (there is nothing left to stop).
+    """
+    who = requested_by or f"pid {os.getpid()} on {socket.gethostname()}"
+    for attempt in range(_CANCEL_ATTEMPTS):
+        recorder = RunRecorder.load(world, run_id)
+        if recorder is None:
+            raise RunNotFoundError(run_id, world.name)
+        status = recorder.fold.status
+        if status == "cancelled":
+            return None
+        if status == "completed":
+            raise RunStateError(f"run {run_id!r} is completed: there is nothing to cancel")
+        try:
+            event = recorder.run.trigger(
+                RunCancelled, reason=reason, requested_by=who, engine=engine
+            )
+            world.save(recorder.run)
+        except ConcurrencyConflictError:
+            # The driver appended first: cancel on the stream as it is now.
+            if attempt + 1 == _CANCEL_ATTEMPTS:
+                raise
+            continue
+        return event
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def read_output(world: World, output: Any, output_ref: ArtifactRef | None) -> Any:

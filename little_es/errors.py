@@ -35,6 +35,9 @@ handle a family::
     │   ├── TurnLimitExceededError
     │   ├── SubRunFailedError
     │   └── OrchestratorContextError
+    ├── RunStoppedError                      the run was stopped on purpose; resumable
+    │   ├── RunCancelledError                `little cancel` / cancel_run
+    │   └── BudgetExceededError              the next model call would start past a budget
     ├── RuntimeIntegrityError                the log and the code disagree: nothing runs
     │   ├── WorkflowChangedError
     │   ├── ArtifactMismatchError
@@ -243,6 +246,74 @@ class OrchestratorContextError(StepExecutionError):
     recorded ``sub_run_id``; it cannot reserve a sub-run there."""
 
     retryable = False
+
+
+# ------------------------------------------- stopped on purpose: resumable
+
+
+class RunStoppedError(LittleEsError):
+    """The run was stopped on purpose (cancelled, or out of budget), not by a failure.
+
+    Nothing of the work it interrupted is recorded as a failure: no
+    ``StepFailed``, no retry spent, the step in flight stays in flight (an agent
+    step keeps its harness session), so a resume continues where it stopped.
+    """
+
+    retryable = False
+
+    def __init__(self, run_id: str, message: str) -> None:
+        self.run_id = run_id
+        super().__init__(message)
+
+
+class RunCancelledError(RunStoppedError):
+    """The run was cancelled (``RunCancelled`` is in its log); its driver stopped.
+
+    Raised by the driver that notices the cancellation (before its next step,
+    model call or tool call) and by ``run_workflow`` asked to resume a
+    cancelled run without ``resume_cancelled=True``.
+    """
+
+    def __init__(self, run_id: str, reason: str | None, *, resuming: bool = False) -> None:
+        self.reason = reason
+        why = f" ({reason})" if reason else ""
+        if resuming:
+            message = (
+                f"run {run_id!r} was cancelled{why}: it is not resumed by accident; to continue"
+                " it, pass resume_cancelled=True to run_workflow (little resume"
+                " --force-cancelled)"
+            )
+        else:
+            message = (
+                f"run {run_id!r} was cancelled{why}; it stopped before its next step, model call"
+                " or tool call. Nothing was recorded as a failure: resume it with"
+                " resume_cancelled=True (little resume --force-cancelled) to continue"
+            )
+        super().__init__(run_id, message)
+
+
+class BudgetExceededError(RunStoppedError):
+    """The run's (or an agent step's) budget is spent: the next model call was not made.
+
+    Recorded as the run's own outcome (``BudgetExceeded``, status
+    ``budget_exceeded``), not as a failure of the step. Resume with a larger
+    budget: nothing committed runs again, and the agent's session continues.
+    """
+
+    def __init__(
+        self, run_id: str, *, scope: str, spent: str, step_path: str | None, unpriced_calls: int
+    ) -> None:
+        self.scope = scope
+        self.spent = spent
+        self.step_path = step_path
+        self.unpriced_calls = unpriced_calls
+        at = f" at step {step_path!r}" if step_path else ""
+        super().__init__(
+            run_id,
+            f"run {run_id!r} stopped{at} before a model call: {scope} has spent {spent}."
+            " Resume it with a larger budget (run_workflow(..., budget=Budget(...)), little"
+            " resume --budget-...) to continue; nothing committed runs again",
+        )
 
 
 # ------------------------------ integrity: the log and the code disagree

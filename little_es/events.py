@@ -9,8 +9,9 @@ Four kinds of stream (aggregates, see :mod:`little_es.domain`) carry these event
 
 * ``Run`` - :class:`RunStarted`, :class:`StepStarted`, :class:`StepCompleted`,
   :class:`StepFailed`, :class:`ParallelBranchScheduled`,
-  :class:`SubRunReserved`, :class:`RunCompleted`, :class:`RunFailed`, and
-  user-defined subclasses of :class:`RunEvent`.
+  :class:`SubRunReserved`, :class:`RunCompleted`, :class:`RunFailed`,
+  :class:`RunCancelled`, :class:`BudgetSet`, :class:`BudgetExceeded`,
+  :class:`RunResumed`, and user-defined subclasses of :class:`RunEvent`.
 * ``HarnessSession`` (one per attempt of an agent step) - the ``harness.*``
   events.
 * ``OuterLoop`` - the ``outer_loop.*`` events.
@@ -41,6 +42,7 @@ from pydantic import ConfigDict, Field
 
 from little_es.values import (
     ArtifactRef,
+    Budget,
     Checked,
     ErrorInfo,
     JSONValue,
@@ -236,6 +238,54 @@ class RunFailed(RunEvent):
 
     error: ErrorInfo
     step_path: str | None = None
+
+
+class RunCancelled(RunEvent):
+    """The run was cancelled (``little cancel``): its driver stops before its next step,
+    model call or tool call, and the run is resumed only when asked explicitly.
+
+    Appended by a process that does not drive the run (see
+    :func:`little_es.durability.cancel_run` for why that is safe).
+    """
+
+    wire_name: ClassVar[str] = "RunCancelled"
+
+    reason: str | None = None
+    requested_by: str | None = None
+    """Who asked (``pid@host`` of the cancelling process, or what the caller says)."""
+    engine: Literal["local", "temporal"] = "local"
+    """``temporal``: the cancellation also went through Temporal's cancel."""
+
+
+class BudgetSet(RunEvent):
+    """The run's budget from here on (a resume may raise it): checked before every model
+    call against the totals of the run and its sub-runs."""
+
+    wire_name: ClassVar[str] = "BudgetSet"
+
+    budget: Budget
+
+
+class BudgetExceeded(RunEvent):
+    """The run stopped before a model call because a budget was spent: its own outcome,
+    not a failure of the step, which stays in flight and continues on resume."""
+
+    wire_name: ClassVar[str] = "BudgetExceeded"
+
+    scope: str
+    """``run`` (the run's budget, over it and its sub-runs) or ``step <path>`` (an agent's)."""
+    spent: str
+    """What was spent, against which limit, in words."""
+    step_path: str | None = None
+    unpriced_calls: int = Field(default=0, ge=0)
+
+
+class RunResumed(RunEvent):
+    """A stopped run (cancelled, or out of budget) was asked to continue."""
+
+    wire_name: ClassVar[str] = "RunResumed"
+
+    previous_status: str
 
 
 # ------------------------------------------------------------------ HarnessSession

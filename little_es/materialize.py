@@ -42,12 +42,16 @@ from pydantic import BaseModel, ConfigDict
 from little_es._frozen import FrozenDict, freeze
 from little_es.errors import InvalidStepPathError
 from little_es.events import (
+    BudgetExceeded,
+    BudgetSet,
     Event,
     ModelCalled,
     ModelResponded,
     ParallelBranchScheduled,
+    RunCancelled,
     RunCompleted,
     RunFailed,
+    RunResumed,
     RunStarted,
     SessionCompleted,
     SessionStarted,
@@ -62,6 +66,7 @@ from little_es.events import (
 )
 from little_es.values import (
     ArtifactRef,
+    Budget,
     ErrorInfo,
     JSONValue,
     PicodollarPricer,
@@ -72,7 +77,9 @@ from little_es.values import (
 from little_es.workflow.paths import visit_key
 
 StepStatus = Literal["pending", "running", "completed", "failed"]
-RunStatus = Literal["pending", "running", "completed", "failed"]
+RunStatus = Literal["pending", "running", "completed", "failed", "cancelled", "budget_exceeded"]
+"""``cancelled`` (``RunCancelled``) and ``budget_exceeded`` (``BudgetExceeded``) are stops on
+purpose, not failures: the run resumes from where it stopped (see ``RunResumed``)."""
 
 
 def visit_counter(step_path: str) -> str:
@@ -126,6 +133,12 @@ class MaterializedRunState(BaseModel):
     output_ref: ArtifactRef | None = None
     error: ErrorInfo | None = None
     failed_step_path: str | None = None
+    stop_reason: str | None = None
+    """Why a ``cancelled`` or ``budget_exceeded`` run stopped (the reason given, what was spent)."""
+    stopped_step_path: str | None = None
+    """The step a ``budget_exceeded`` run stopped in (None: before a step)."""
+    budget: Budget | None = None
+    """The run's budget (the latest ``BudgetSet``), over it and its sub-runs."""
     steps: Mapping[str, StepState] = FrozenDict()
     """Per step path, in the order the steps were first started."""
     visits: Mapping[str, int] = FrozenDict()
@@ -303,6 +316,9 @@ class RunFold:
     output_ref: ArtifactRef | None = None
     error: ErrorInfo | None = None
     failed_step_path: str | None = None
+    stop_reason: str | None = None
+    stopped_step_path: str | None = None
+    budget: Budget | None = None
     steps: dict[str, StepFold] = field(default_factory=dict)
     visits: dict[str, int] = field(default_factory=dict)
     parallel_groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -345,6 +361,9 @@ class RunFold:
             output_ref=state.output_ref,
             error=state.error,
             failed_step_path=state.failed_step_path,
+            stop_reason=state.stop_reason,
+            stopped_step_path=state.stopped_step_path,
+            budget=state.budget,
             visits=dict(state.visits),
             parallel_groups=dict(state.parallel_groups),
             pending_decision_target=state.pending_decision_target,
@@ -410,6 +429,9 @@ class RunFold:
             output_ref=self.output_ref,
             error=self.error,
             failed_step_path=self.failed_step_path,
+            stop_reason=self.stop_reason,
+            stopped_step_path=self.stopped_step_path,
+            budget=self.budget,
             steps=_frozen_steps(self.steps),
             visits=FrozenDict(self.visits),
             parallel_groups=FrozenDict(self.parallel_groups),
@@ -518,6 +540,21 @@ def apply(state: RunFold, event: Event) -> RunFold:
             state.status = "failed"
             state.error = event.error
             state.failed_step_path = event.step_path
+        case RunCancelled():
+            if state.status != "completed":
+                state.status = "cancelled"
+                state.stop_reason = event.reason
+                state.stopped_step_path = None
+        case BudgetSet():
+            state.budget = event.budget
+        case BudgetExceeded():
+            state.status = "budget_exceeded"
+            state.stop_reason = f"{event.scope} has spent {event.spent}"
+            state.stopped_step_path = event.step_path
+        case RunResumed():
+            state.status = "running"
+            state.stop_reason = None
+            state.stopped_step_path = None
         case _:
             pass
     return state

@@ -65,9 +65,8 @@ from little_es.materialize import (
     COUNTED_ONLY,
     MaterializedRunState,
     RunStatus,
-    dollars,
-    picodollars,
 )
+from little_es.totals import sum_usage
 from little_es.values import JSONValue, UsageTotals
 from little_es.workflow.authoring import Workflow
 from little_es.world import World
@@ -347,28 +346,6 @@ def list_sub_runs(world: World, run_id: str) -> tuple[SubRunSummary, ...]:
             )
         )
     return tuple(summaries)
-
-
-def sum_usage(totals: Sequence[UsageTotals]) -> UsageTotals:
-    """The totals of several scopes: cost is None only when there were calls and none was priced.
-
-    The cost is summed exactly (in picodollars, as the reducer does), so it is the
-    same in whatever order the scopes come.
-    """
-    calls = sum(t.calls for t in totals)
-    unpriced = sum(t.unpriced_calls for t in totals)
-    none_priced = bool(calls) and calls == unpriced
-    pusd = sum(picodollars(t.cost_usd_exact) for t in totals if t.cost_usd_exact is not None)
-    return UsageTotals(
-        input_tokens=sum(t.input_tokens for t in totals),
-        output_tokens=sum(t.output_tokens for t in totals),
-        cached_input_tokens=sum(t.cached_input_tokens for t in totals),
-        reasoning_tokens=sum(t.reasoning_tokens for t in totals),
-        cost_usd=None if none_priced else float(dollars(pusd)),
-        cost_usd_exact=None if none_priced else dollars(pusd),
-        unpriced_calls=unpriced,
-        calls=calls,
-    )
 
 
 def run_tree(world: World, run_id: str) -> RunTree:

@@ -15,6 +15,7 @@ an example: each takes the data (or the world and a run id) and a
 * :func:`render_verify` - what :func:`~little_es.verify.verify_world` found
   (``little verify``);
 * :func:`render_prices` - the prices recorded in a world (``little prices list``);
+* :func:`render_diff` - two runs side by side, step by step (``little diff``);
 * :class:`StepBoard` - the live table of steps ``little run`` shows.
 
 Statuses are coloured from one table, :data:`STATUS_STYLES`; costs are shown by
@@ -36,18 +37,29 @@ from rich.table import Table
 from rich.tree import Tree
 
 from little_es.backends.base import RunSummary
-from little_es.events import Event, ModelPriceSet, StepCompleted, StepFailed, StepStarted
+from little_es.diff import JsonChange, RunDiff, StepDiff, ToolCallSummary
+from little_es.events import (
+    BudgetExceeded,
+    Event,
+    ModelPriceSet,
+    RunCancelled,
+    StepCompleted,
+    StepFailed,
+    StepStarted,
+)
 from little_es.materialize import MaterializedRunState
 from little_es.orchestrator import RunTree, SubRunSummary, list_sub_runs, run_tree, sum_usage
 from little_es.replay import ReplayResult, read_run_state
-from little_es.values import UsageTotals
+from little_es.values import Budget, UsageTotals
 from little_es.verify import VerifyReport
 from little_es.world import World
 
 __all__ = [
     "STATUS_STYLES",
     "StepBoard",
+    "budget_text",
     "cost_text",
+    "render_diff",
     "render_events",
     "render_prices",
     "render_replay",
@@ -65,6 +77,8 @@ STATUS_STYLES: Mapping[str, str] = MappingProxyType(
         "pending": "cyan",
         "failed": "red",
         "retrying": "magenta",
+        "cancelled": "bright_black",
+        "budget_exceeded": "dark_orange",
     }
 )
 """The rich style of each run and step status; any other status is shown in white."""
@@ -85,6 +99,18 @@ def cost_text(usage: UsageTotals) -> str:
         return "-"
     text = f"${usage.cost_usd:,.6f}"
     return f"{text} (+{usage.unpriced_calls} unpriced)" if usage.unpriced_calls else text
+
+
+def budget_text(budget: Budget) -> str:
+    """A budget's limits in words: ``$0.50, 20,000 tokens, 30 model calls`` (``none``: no limit)."""
+    parts = []
+    if budget.usd is not None:
+        parts.append(f"${budget.usd}")
+    if budget.tokens is not None:
+        parts.append(f"{budget.tokens:,} tokens")
+    if budget.model_calls is not None:
+        parts.append(f"{budget.model_calls:,} model calls")
+    return ", ".join(parts) or "none"
 
 
 def _calls(n: int) -> str:
@@ -143,6 +169,20 @@ def render_report(world: World, run_id: str, console: Console) -> MaterializedRu
         style="bold",
     )
     console.print(table)
+    if state.budget is not None:
+        console.print(f"budget (with sub-runs): {escape(budget_text(state.budget))}")
+    if state.status == "cancelled":
+        why = f": {escape(state.stop_reason)}" if state.stop_reason else ""
+        console.print(
+            f"{status_text('cancelled')}{why} · resume with `little resume {escape(run_id)}"
+            " --force-cancelled`"
+        )
+    elif state.status == "budget_exceeded":
+        at = f" in step {escape(state.stopped_step_path)}" if state.stopped_step_path else ""
+        console.print(
+            f"{status_text('budget_exceeded')}{at}: {escape(state.stop_reason or '')} · resume"
+            " with a larger budget"
+        )
     return state
 
 
@@ -419,6 +459,104 @@ def render_prices(prices: Sequence[ModelPriceSet], world_name: str, console: Con
     console.print(table)
 
 
+def _change_text(change: JsonChange) -> str:
+    if change.kind == "added":
+        return f"{change.path}: (none) → {_short_json(change.b, 50)}"
+    if change.kind == "removed":
+        return f"{change.path}: {_short_json(change.a, 50)} → (none)"
+    return f"{change.path}: {_short_json(change.a, 50)} → {_short_json(change.b, 50)}"
+
+
+def _both(a: str, b: str) -> str:
+    return a if a == b else f"{a} → [bold]{b}[/]"
+
+
+def _tools_text(calls: Sequence[ToolCallSummary]) -> str:
+    if not calls:
+        return "-"
+    names: dict[str, int] = {}
+    for call in calls:
+        names[call.name] = names.get(call.name, 0) + 1
+    return ", ".join(f"{n} {name}" if n > 1 else name for name, n in names.items())
+
+
+def _step_status(status: str | None) -> str:
+    return "(none)" if status is None else status
+
+
+def _diff_row(step: StepDiff) -> tuple[str, ...]:
+    a, b = step.usage_a, step.usage_b
+    if step.status_a is None or step.status_b is None:
+        output = "-"
+    elif step.output_changes:
+        n = len(step.output_changes)
+        output = f"[bold]{n} change{'' if n == 1 else 's'}[/]"
+    else:
+        output = "same"
+    tools = (
+        _tools_text(step.tool_calls_a)
+        if step.tool_calls_a == step.tool_calls_b
+        else f"{_tools_text(step.tool_calls_a)} → [bold]{_tools_text(step.tool_calls_b)}[/]"
+    )
+    return (
+        ("  " if step.same else "[yellow]≠[/] ") + escape(step.step_path),
+        _both(_step_status(step.status_a), _step_status(step.status_b)),
+        output,
+        _both(str(a.calls), str(b.calls)),
+        _both(f"{a.input_tokens:,}/{a.output_tokens:,}", f"{b.input_tokens:,}/{b.output_tokens:,}"),
+        _both(cost_text(a), cost_text(b)),
+        tools,
+    )
+
+
+def render_diff(diff: RunDiff, console: Console) -> RunDiff:
+    """Print two runs side by side: per step, status, output, model calls, tokens, cost and
+    tool calls (``A → B`` where they differ, ``≠`` on a step that differs), then each
+    differing output value by its JSON path. Returns ``diff``."""
+    title = (
+        f"diff [bold]{escape(diff.run_a)}[/] → [bold]{escape(diff.run_b)}[/] ·"
+        f" {escape(_both(diff.workflow_a or '?', diff.workflow_b or '?'))} ·"
+        f" {_both(status_text(diff.status_a), status_text(diff.status_b))}"
+    )
+    table = Table(title=title, box=box.SIMPLE_HEAD)
+    table.add_column("step", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    table.add_column("output", no_wrap=True)
+    table.add_column("model calls", justify="right", no_wrap=True)
+    table.add_column("tokens in/out", justify="right", no_wrap=True)
+    table.add_column("cost (USD)", justify="right", no_wrap=True)
+    table.add_column("tool calls", overflow="fold")
+    for step in diff.steps:
+        table.add_row(*_diff_row(step))
+    table.add_section()
+    total = StepDiff(
+        step_path="total",
+        status_a=diff.status_a,
+        status_b=diff.status_b,
+        output_changes=diff.output_changes,
+        usage_a=diff.usage_a,
+        usage_b=diff.usage_b,
+        tool_calls_a=tuple(c for s in diff.steps for c in s.tool_calls_a),
+        tool_calls_b=tuple(c for s in diff.steps for c in s.tool_calls_b),
+    )
+    table.add_row(*_diff_row(total), style="bold")
+    console.print(table)
+    changed = [(s.step_path, s.output_changes) for s in diff.steps if s.output_changes]
+    if diff.output_changes:
+        changed.append(("the run", diff.output_changes))
+    for path, changes in changed:
+        console.print(f"[bold]{escape(path)}[/] output:")
+        for change in changes:
+            console.print(f"  {escape(_change_text(change))}")
+    differing = sum(1 for s in diff.steps if not s.same)
+    console.print(
+        "same: every step has the same status, output, model calls and tool calls"
+        if diff.same
+        else f"{differing} of {len(diff.steps)} steps differ"
+    )
+    return diff
+
+
 class StepBoard:
     """A live table of step paths and their status, fed with the events a run commits.
 
@@ -439,6 +577,12 @@ class StepBoard:
         elif isinstance(event, StepFailed):
             status = "retrying" if event.will_retry else "failed"
             self.rows[event.step_path] = (status, event.error.message[:60])
+        elif isinstance(event, BudgetExceeded) and event.step_path is not None:
+            self.rows[event.step_path] = ("budget_exceeded", event.spent[:60])
+        elif isinstance(event, RunCancelled):
+            for path, (status, _) in self.rows.items():
+                if status == "running":
+                    self.rows[path] = ("cancelled", (event.reason or "")[:60])
 
     def render(self) -> Table:
         """The table as it stands: one row per step seen so far."""

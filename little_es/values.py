@@ -268,6 +268,42 @@ class UsageTotals(BaseModel):
         return data
 
 
+class Budget(_Frozen):
+    """Limits on what a run (with its sub-runs) or one agent step may spend on model calls.
+
+    Checked before every model call against the totals recorded so far: when
+    any limit is reached (``spent >= limit``), the next call would start past
+    it and is not made. ``usd`` counts priced calls only (an unpriced call adds
+    no dollars; the error says how many there were); ``tokens`` counts input
+    plus output tokens and ``model_calls`` every call, priced or not. None:
+    no limit of that kind.
+    """
+
+    usd: Decimal | None = Field(default=None, ge=0, allow_inf_nan=False)
+    tokens: int | None = Field(default=None, ge=0)
+    model_calls: int | None = Field(default=None, ge=0)
+
+    def exceeded(self, spent: UsageTotals) -> str | None:
+        """What limit ``spent`` has reached, in words, or None while the next call may start."""
+        if self.model_calls is not None and spent.calls >= self.model_calls:
+            return f"{spent.calls} model calls of a budget of {self.model_calls}"
+        used = spent.input_tokens + spent.output_tokens
+        if self.tokens is not None and used >= self.tokens:
+            return f"{used:,} tokens (input + output) of a budget of {self.tokens:,}"
+        cost = spent.cost_usd_exact or Decimal(0)
+        if self.usd is not None and cost >= self.usd:
+            unpriced = spent.unpriced_calls
+            note = (
+                f" ({unpriced} unpriced call{'' if unpriced == 1 else 's'} not counted in dollars:"
+                " give their model a price with `little prices set`, or add a tokens= or"
+                " model_calls= limit)"
+                if unpriced
+                else ""
+            )
+            return f"${cost} of a budget of ${self.usd}{note}"
+        return None
+
+
 class Pricer(Protocol):
     """Prices one model call made at ``at``: exact USD for ``usage`` of ``model_id``, or None.
 

@@ -600,6 +600,11 @@ class World:
         events.append(decode(stream_id, last_version, last_topic, payload_of(last_state)))
         return events, len(rows) - len(events)
 
+    def has_events_after(self, stream_id: UUID, version: int) -> bool:
+        """Whether the stream holds an event after ``version``: one indexed query, no read of
+        the stream (a driver asks it before each step and call, to see a foreign append)."""
+        return bool(self.app.recorder.select_events(stream_id, gt=version, limit=1))
+
     def select_stored(self, stream_id: UUID) -> Sequence[StoredEvent]:
         """The raw stored rows of one stream (for exports and benchmarks)."""
         return self.app.recorder.select_events(stream_id)

@@ -19,6 +19,7 @@ from little_es_temporal.interceptor import LittleInterceptor, StepBusyError
 from little_es_temporal.models import RunDone, RunInput, StepDone, StepTimeouts
 from little_es_temporal.worker import (
     DEFAULT_TASK_QUEUE,
+    cancel_run,
     connect,
     create_worker,
     start_run,
@@ -43,6 +44,7 @@ __all__ = [
     "TemporalBinaryNotFoundError",
     "UnregisteredWorkflowError",
     "WorkflowRegistry",
+    "cancel_run",
     "connect",
     "create_worker",
     "start_run",

@@ -297,6 +297,7 @@ class LittleActivities:
                         None,
                         parent_run_id=input.parent_run_id,
                         parent_step_path=input.parent_step_path,
+                        budget=input.budget,
                     )
                 except ConcurrencyConflictError:
                     # Another worker started it a moment ago: resume that one.
@@ -309,7 +310,15 @@ class LittleActivities:
                         "run started", run_id=run_id, workflow_id=workflow.id, engine="temporal"
                     )
                     return RunPlan(ir=workflow.ir)
-            fold = open_run(self.world, workflow, run_id, given, existing).fold
+            fold = open_run(
+                self.world,
+                workflow,
+                run_id,
+                given,
+                existing,
+                budget=input.budget,
+                resume_cancelled=input.resume_cancelled,
+            ).fold
             if fold.status == "completed":
                 return RunPlan(ir=workflow.ir, done=self._run_done(fold))
             _log.info("run resumed", run_id=run_id, workflow_id=workflow.id, engine="temporal")

@@ -20,21 +20,41 @@ from __future__ import annotations
 import asyncio
 import signal
 from datetime import timedelta
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
 from little_es.cli.run import load_workflow
 from little_es.errors import LittleEsError
-from little_es.world import WORLD_ENV_VAR, open_world
-from little_es_temporal.worker import DEFAULT_TASK_QUEUE, connect, create_worker
+from little_es.events import RunCancelled
+from little_es.world import WORLD_ENV_VAR, World, open_world
+from little_es_temporal.worker import DEFAULT_TASK_QUEUE, cancel_run, connect, create_worker
 
-__all__ = ["register"]
+__all__ = ["cancel_on_temporal", "register"]
 
 
 class TemporalUnavailableError(LittleEsError, RuntimeError):
     """The Temporal server does not answer."""
+
+
+async def _connect(address: str, namespace: str) -> Any:
+    try:
+        return await connect(address, namespace=namespace)
+    except RuntimeError as exc:
+        raise TemporalUnavailableError(
+            f"cannot connect to Temporal at {address} (namespace {namespace!r}): {exc}."
+            " Check --address / TEMPORAL_ADDRESS, or start a dev server with"
+            " `temporal server start-dev`"
+        ) from exc
+
+
+async def cancel_on_temporal(
+    world: World, run_id: str, reason: str | None, address: str, namespace: str
+) -> RunCancelled | None:
+    """``little cancel RUN_ID --temporal ADDRESS``: :func:`~little_es_temporal.cancel_run`."""
+    client = await _connect(address, namespace)
+    return await cancel_run(client, world, run_id, reason=reason)
 
 
 def register(app: typer.Typer) -> None:
@@ -80,14 +100,7 @@ def register(app: typer.Typer) -> None:
             for signum in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(signum, stop.set)
             with open_world(world) as opened:
-                try:
-                    client = await connect(address, namespace=namespace)
-                except RuntimeError as exc:
-                    raise TemporalUnavailableError(
-                        f"cannot connect to Temporal at {address} (namespace {namespace!r}): {exc}."
-                        " Check --address / TEMPORAL_ADDRESS, or start a dev server with"
-                        " `temporal server start-dev`"
-                    ) from exc
+                client = await _connect(address, namespace)
                 worker = create_worker(
                     client,
                     opened,

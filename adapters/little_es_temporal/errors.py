@@ -12,6 +12,7 @@ from little_es.errors import (
     ConcurrencyConflictError,
     LeaseLostError,
     LittleEsError,
+    RunStoppedError,
     RuntimeIntegrityError,
     WorkflowDefinitionError,
 )
@@ -54,9 +55,12 @@ def to_application_error(exc: BaseException) -> ApplicationError:
 
     A :class:`~little_es.errors.RuntimeIntegrityError` carries :data:`REFUSED_MARKER`
     as its first detail: the executor recorded nothing for it, and a parent run
-    waiting on this one as a child must not record its own step as failed.
+    waiting on this one as a child must not record its own step as failed. So
+    does a :class:`~little_es.errors.RunStoppedError` (a child cancelled or out
+    of budget: its log says so, and the parent's step stays in flight).
     """
-    details = (REFUSED_MARKER,) if isinstance(exc, RuntimeIntegrityError) else ()
+    stopped = isinstance(exc, RuntimeIntegrityError | RunStoppedError)
+    details = (REFUSED_MARKER,) if stopped else ()
     return ApplicationError(
         str(exc) or type(exc).__qualname__,
         *details,

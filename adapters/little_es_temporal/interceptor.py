@@ -160,7 +160,33 @@ async def run_step_durably(
     """Run one step activity under the durability protocol (see the module docstring).
 
     ``body`` runs the step's code once :data:`CURRENT_STEP` holds its context.
+    When Temporal cancels the activity because the run was cancelled
+    (:func:`~little_es_temporal.cancel_run` records ``RunCancelled`` before it
+    cancels the workflow), the step is not cut off mid-call: it goes on as on
+    the local engine, a task step to its result (recorded), an agent step to
+    its next model or tool call, where it sees the cancellation and stops.
     """
+    work = asyncio.ensure_future(_run_step(activities, step_input, body))
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        cancelled = not work.done() and _cancelled_in_log(activities, step_input.run_id)
+        if not cancelled:
+            # A worker shutting down, a lost attempt: stop now, as before.
+            work.cancel()
+        with contextlib.suppress(BaseException):
+            await work
+        raise
+
+
+def _cancelled_in_log(activities: LittleActivities, run_id: str) -> bool:
+    recorder = activities.runs.recorder(run_id)
+    return recorder is not None and recorder.fold.status == "cancelled"
+
+
+async def _run_step(
+    activities: LittleActivities, step_input: StepInput, body: Callable[[], Awaitable[Any]]
+) -> StepDone:
     heartbeat = _start_heartbeat()
     try:
         with _step_lease(activities.world, step_input.run_id, step_input.step_path):

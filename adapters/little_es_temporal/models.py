@@ -16,7 +16,7 @@ from datetime import timedelta
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from little_es.values import ArtifactRef, ErrorInfo, JSONValue
+from little_es.values import ArtifactRef, Budget, ErrorInfo, JSONValue
 from little_es.workflow.ir import WorkflowIR
 
 __all__ = [
@@ -126,6 +126,10 @@ class RunInput(_Frozen):
     parent_run_id: str | None = Field(default=None, description="A sub-run's parent run.")
     parent_step_path: str | None = Field(default=None, description="The step that started it.")
     timeouts: StepTimeouts = StepTimeouts()
+    budget: Budget | None = Field(
+        default=None, description="The run's budget (None: keep the recorded one)."
+    )
+    resume_cancelled: bool = Field(default=False, description="Resume a cancelled run.")
 
 
 class RunDone(_Frozen):

@@ -97,6 +97,14 @@ class TemporalRunWriter(RunWriter):
     def read(self) -> RunFold:
         return self._recorder().fold
 
+    def refresh(self) -> RunFold:
+        # Before each step and call: the cached state plus what others appended since.
+        recorder = self._cache.cached(self.run_id)
+        if recorder is None:
+            return self.read()
+        recorder.refresh()
+        return recorder.fold
+
     def _recorder(self) -> RunRecorder:
         recorder = self._cache.recorder(self.run_id)
         if recorder is None:

@@ -37,12 +37,16 @@ import orjson
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.contrib.pydantic import PydanticPayloadConverter
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Interceptor, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+from little_es.durability import cancel_run as record_cancellation
 from little_es.durability import encode_output
 from little_es.engine.executor import check_run_request
+from little_es.events import RunCancelled
 from little_es.ids import new_run_id, validate_run_id
+from little_es.values import Budget
 from little_es.workflow.authoring import Workflow
 from little_es.world import World
 from little_es_temporal.activities import LittleActivities, WorkflowRegistry
@@ -54,6 +58,7 @@ from little_es_temporal.workflow import LittleRunWorkflow
 __all__ = [
     "DEFAULT_STICKY_SCHEDULE_TO_START",
     "DEFAULT_TASK_QUEUE",
+    "cancel_run",
     "connect",
     "create_worker",
     "start_run",
@@ -163,6 +168,8 @@ async def start_run(
     task_queue: str = DEFAULT_TASK_QUEUE,
     timeouts: StepTimeouts | None = None,
     world: World | None = None,
+    budget: Budget | None = None,
+    resume_cancelled: bool = False,
     **start_options: Any,
 ) -> WorkflowHandle[Any, RunDone]:
     """Start ``workflow`` as a Temporal workflow whose id is ``run_id``; return its handle.
@@ -177,8 +184,12 @@ async def start_run(
     ``Client.start_workflow`` (``execution_timeout``, ``memo``, ...). Temporal
     refuses to start a second workflow with the id of one still running
     (``WorkflowAlreadyStartedError``): a run is driven by one workflow at a time.
+    ``budget`` and ``resume_cancelled`` are ``run_workflow``'s: the budget is
+    recorded in the log (a resume may raise it) and checked by every step
+    activity before each model call; a cancelled run is resumed only with
+    ``resume_cancelled=True``.
     """
-    problem = check_run_request(workflow, input)
+    problem = check_run_request(workflow, input, budget)
     if problem is not None:
         raise TemporalAdapterError(problem)
     if timeouts is not None and not isinstance(timeouts, StepTimeouts):
@@ -210,6 +221,8 @@ async def start_run(
         input=inline,
         input_ref=input_ref,
         timeouts=timeouts or StepTimeouts(),
+        budget=budget,
+        resume_cancelled=resume_cancelled,
     )
     start_options.setdefault("id_reuse_policy", WorkflowIDReusePolicy.ALLOW_DUPLICATE)
     start_options.setdefault("static_summary", f"little_es {workflow.id} v{workflow.version}")
@@ -221,3 +234,27 @@ async def start_run(
         **start_options,
     )
     return handle
+
+
+async def cancel_run(
+    client: Client, world: World, run_id: str, *, reason: str | None = None
+) -> RunCancelled | None:
+    """Cancel a Temporal-driven run: record ``RunCancelled``, then cancel its workflow.
+
+    The log is written first, so that whatever Temporal does next (the step
+    activity in flight is cancelled at its next heartbeat; a step that starts
+    anyway sees the cancellation), nothing more runs and nothing interrupted is
+    recorded as a failure; ``start_run(..., resume_cancelled=True)`` resumes it.
+    Returns the event, or None when the run was cancelled already (its workflow
+    is asked to cancel all the same). A run whose workflow is not running is
+    cancelled in the log only.
+    """
+    run_id = validate_run_id(run_id)
+    event = record_cancellation(world, run_id, reason=reason, engine="temporal")
+    handle = with_pydantic_converter(client).get_workflow_handle(run_id)
+    try:
+        await handle.cancel()
+    except RPCError as exc:
+        if exc.status != RPCStatusCode.NOT_FOUND:
+            raise
+    return event

@@ -6,6 +6,8 @@ plugins' in :func:`_register_plugins`:
 * ``little report | replay | events | runs | verify`` - read-only views of the log
   (:mod:`little_es.cli.inspection`);
 * ``little run | resume`` - drive a workflow (:mod:`little_es.cli.run`);
+* ``little cancel | diff`` - stop a run from outside; compare two runs
+  (:mod:`little_es.cli.operate`);
 * ``little unlock`` - who holds a run's lease; ``--force`` takes it from a
   stuck holder (:mod:`little_es.cli.unlock`);
 * ``little prices set | list`` - model prices recorded in the world
@@ -40,7 +42,7 @@ from eventsourcing.persistence import PersistenceError
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from little_es.cli import inspection, prices, run, unlock
+from little_es.cli import inspection, operate, prices, run, unlock
 from little_es.errors import LittleEsError
 
 __all__ = ["OPTIONAL_COMMANDS", "PLUGIN_GROUP", "app"]
@@ -155,6 +157,8 @@ def _register(app: typer.Typer) -> None:
     app.command("verify")(inspection.verify_command)
     app.command("run")(run.run_command)
     app.command("resume")(run.resume_command)
+    app.command("cancel")(operate.cancel_command)
+    app.command("diff")(operate.diff_command)
     app.command("unlock")(unlock.unlock_command)
     app.add_typer(prices.prices_app, name="prices")
 

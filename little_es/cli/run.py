@@ -17,12 +17,14 @@ import orjson
 import typer
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 
 from little_es.cli.common import WorldOption
 from little_es.engine.local import run_workflow
-from little_es.errors import WorkflowRefError
+from little_es.errors import RunStoppedError, WorkflowRefError
 from little_es.events import Event
 from little_es.render import StepBoard
+from little_es.values import Budget
 from little_es.workflow.authoring import Workflow
 from little_es.world import open_world
 
@@ -48,7 +50,38 @@ def load_workflow(ref: str) -> Workflow:
     return found
 
 
-def _drive(world_url: str | None, workflow: Workflow, input: Any, run_id: str | None) -> None:
+BudgetUsd = Annotated[
+    str | None,
+    typer.Option("--budget-usd", help="Stop before a model call once the run spent this many USD."),
+]
+BudgetTokens = Annotated[
+    int | None,
+    typer.Option("--budget-tokens", min=0, help="... once it used this many tokens (in + out)."),
+]
+BudgetCalls = Annotated[
+    int | None,
+    typer.Option("--budget-calls", min=0, help="... once it made this many model calls."),
+]
+
+
+def _budget(usd: str | None, tokens: int | None, calls: int | None) -> Budget | None:
+    if usd is None and tokens is None and calls is None:
+        return None
+    try:
+        return Budget(usd=usd, tokens=tokens, model_calls=calls)
+    except ValueError as exc:
+        raise WorkflowRefError(f"--budget-usd {usd!r} is not a number of dollars >= 0") from exc
+
+
+def _drive(
+    world_url: str | None,
+    workflow: Workflow,
+    input: Any,
+    run_id: str | None,
+    *,
+    budget: Budget | None = None,
+    resume_cancelled: bool = False,
+) -> None:
     console = Console()
     board = StepBoard()
     world = open_world(world_url)
@@ -60,8 +93,20 @@ def _drive(world_url: str | None, workflow: Workflow, input: Any, run_id: str | 
                 live.update(board.render())
 
             result = asyncio.run(
-                run_workflow(world, workflow, input, run_id=run_id, observer=observe)
+                run_workflow(
+                    world,
+                    workflow,
+                    input,
+                    run_id=run_id,
+                    observer=observe,
+                    budget=budget,
+                    resume_cancelled=resume_cancelled,
+                )
             )
+    except RunStoppedError as exc:
+        # Stopped on purpose (cancelled, out of budget): resumable, not a failure.
+        console.print(f"[yellow]stopped[/]: {escape(str(exc))}")
+        raise typer.Exit(1) from None
     except KeyboardInterrupt:
         console.print(
             f"[yellow]interrupted[/]: the run is resumable with"
@@ -79,6 +124,9 @@ def run_command(
     input: Annotated[str, typer.Option("--input", help="the run input, a JSON object")] = "{}",
     run_id: Annotated[str | None, typer.Option("--run-id", help="run id to use")] = None,
     world: WorldOption = None,
+    budget_usd: BudgetUsd = None,
+    budget_tokens: BudgetTokens = None,
+    budget_calls: BudgetCalls = None,
 ) -> None:
     """Start a run of a workflow (or resume it, if the run id exists)."""
     try:
@@ -87,7 +135,8 @@ def run_command(
         raise WorkflowRefError(f"--input is not JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise WorkflowRefError("--input must be a JSON object, e.g. '{\"ticket\": 42}'")
-    _drive(world, load_workflow(workflow), data, run_id)
+    budget = _budget(budget_usd, budget_tokens, budget_calls)
+    _drive(world, load_workflow(workflow), data, run_id, budget=budget)
 
 
 def resume_command(
@@ -96,6 +145,20 @@ def resume_command(
         str, typer.Option("--workflow", help="module:attribute of the run's Workflow")
     ],
     world: WorldOption = None,
+    force_cancelled: Annotated[
+        bool, typer.Option("--force-cancelled", help="Resume a run that was cancelled.")
+    ] = False,
+    budget_usd: BudgetUsd = None,
+    budget_tokens: BudgetTokens = None,
+    budget_calls: BudgetCalls = None,
 ) -> None:
-    """Resume a run where its log stops."""
-    _drive(world, load_workflow(workflow), None, run_id)
+    """Resume a run where its log stops (with --budget-*: a new budget for it)."""
+    budget = _budget(budget_usd, budget_tokens, budget_calls)
+    _drive(
+        world,
+        load_workflow(workflow),
+        None,
+        run_id,
+        budget=budget,
+        resume_cancelled=force_cancelled,
+    )

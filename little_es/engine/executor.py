@@ -32,6 +32,18 @@ code (or a group's ``branches``) runs, and before every append, the process
 confirms it still holds its lease (:func:`~little_es.backends.base.check_leases`:
 the run's lease on the local engine, the step's on Temporal).
 
+Stops on purpose are not failures either. A run cancelled by another process
+(``RunCancelled``, :func:`~little_es.durability.cancel_run`) is noticed before
+each step (:meth:`StepExecutor.begin`) and, through the step's
+:class:`~little_es.harness.guard.CallGuard`, before each model call and each
+batch of tool calls: :class:`~little_es.errors.RunCancelledError` propagates
+with nothing recorded for the interrupted work. A budget
+(:class:`~little_es.values.Budget`: the run's ``BudgetSet``, over the run and
+its sub-runs, and an agent step's own) is checked before each model call; when
+it is spent, ``BudgetExceeded`` is recorded as the run's outcome and
+:class:`~little_es.errors.BudgetExceededError` propagates, the step left in
+flight so a resume with a larger budget continues its session.
+
 Parallel groups (:meth:`~StepExecutor.schedule_group`,
 :meth:`~StepExecutor.complete_group`), sub-runs (:meth:`~StepExecutor.sub_run`),
 and the run's start, end and failure (:func:`open_run`,
@@ -45,6 +57,7 @@ import hashlib
 import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, NamedTuple, TypeAlias, TypeVar
 
 from little_es._frozen import freeze
@@ -61,13 +74,21 @@ from little_es.engine.integrity import (
     run_restart_checks,
 )
 from little_es.engine.walk import branch_path
-from little_es.errors import RunStateError, RuntimeIntegrityError
+from little_es.errors import (
+    BudgetExceededError,
+    RunCancelledError,
+    RunStateError,
+    RunStoppedError,
+    RuntimeIntegrityError,
+)
 from little_es.events import Event
+from little_es.harness.guard import CallGuard, guarding
 from little_es.harness.session import run_agent_session
 from little_es.ids import session_stream_id
 from little_es.logging import get_logger
-from little_es.materialize import RunFold, StepFold
-from little_es.values import ErrorInfo
+from little_es.materialize import COUNTED_ONLY, RunFold, StepFold, dollars, picodollars
+from little_es.totals import run_tree_totals
+from little_es.values import Budget, ErrorInfo, ModelResponse, Usage, UsageTotals
 from little_es.workflow.authoring import (
     AgentStep,
     DecisionStep,
@@ -83,6 +104,7 @@ from little_es.world import World
 
 __all__ = [
     "Begun",
+    "BudgetTracker",
     "CodeStep",
     "Committed",
     "ExecutableStep",
@@ -91,6 +113,7 @@ __all__ = [
     "Retry",
     "RunWriter",
     "StepExecutor",
+    "StepGuard",
     "call_maybe_async",
     "check_run_request",
     "completed_step",
@@ -98,6 +121,7 @@ __all__ = [
     "next_attempt",
     "open_run",
     "outputs_from_fold",
+    "resolve_run_budget",
     "sub_run_id_for",
 ]
 
@@ -118,8 +142,9 @@ def sub_run_id_for(parent_run_id: str, step_path: str) -> str:
     return f"sub_{digest}"
 
 
-def check_run_request(workflow: object, input: object) -> str | None:
-    """Why a run of ``workflow`` with ``input`` cannot be asked for, or None when it can."""
+def check_run_request(workflow: object, input: object, budget: object = None) -> str | None:
+    """Why a run of ``workflow`` with ``input`` (and ``budget``) cannot be asked for, or None
+    when it can."""
     if not isinstance(workflow, Workflow):
         return (
             f"workflow must be a little_es Workflow, got {type(workflow).__name__}: build one"
@@ -127,6 +152,11 @@ def check_run_request(workflow: object, input: object) -> str | None:
         )
     if input is not None and not isinstance(input, Mapping):
         return f"input must be a mapping (JSON object) or None, got {type(input).__name__}"
+    if budget is not None and not isinstance(budget, Budget):
+        return (
+            f"budget must be a Budget(usd=..., tokens=..., model_calls=...) or None, got"
+            f" {type(budget).__name__}"
+        )
     return None
 
 
@@ -208,17 +238,32 @@ def open_run(
     parent_run_id: str | None = None,
     parent_step_path: str | None = None,
     observer: Callable[[Event], None] | None = None,
+    budget: Budget | None = None,
+    resume_cancelled: bool = False,
 ) -> RunRecorder:
     """Start ``run_id`` (``RunStarted``) when it has no log, else check that it may resume.
 
     ``existing`` is the run's recorder when its log exists; the restart checks
     (:func:`~little_es.engine.integrity.run_restart_checks`) run on it and it is
-    returned. The caller holds the run's lease.
+    returned. A cancelled run is refused with
+    :class:`~little_es.errors.RunCancelledError` unless ``resume_cancelled``;
+    a cancelled or out-of-budget run that continues records ``RunResumed``.
+    ``budget`` (None: keep the recorded one) is recorded as ``BudgetSet`` when
+    it differs from the run's. The caller holds the run's lease.
     """
     if existing is not None:
         run_restart_checks(world, run_id, existing.fold, workflow, input)
+        fold = existing.fold
+        if fold.status == "completed":
+            return existing
+        if fold.status == "cancelled" and not resume_cancelled:
+            raise RunCancelledError(run_id, fold.stop_reason, resuming=True)
+        if budget is not None and budget != fold.budget:
+            existing.budget_set(budget)
+        if fold.status in ("cancelled", "budget_exceeded"):
+            existing.run_resumed()
         return existing
-    return RunRecorder.start(
+    started = RunRecorder.start(
         world,
         run_id=run_id,
         workflow_id=workflow.id,
@@ -229,6 +274,170 @@ def open_run(
         parent_step_path=parent_step_path,
         observer=observer,
     )
+    if budget is not None:
+        started.budget_set(budget)
+    return started
+
+
+class BudgetTracker:
+    """What a budget's scope has spent: its totals read from the log once, plus every model
+    call counted since in this process.
+
+    A run's tracker counts the calls of its sub-runs driven in the same process
+    too (their trackers are its children: :meth:`add` goes up the chain), and
+    is checked with its ancestors' (:meth:`check`). Elsewhere (another worker,
+    another process) a sub-run's calls are in the totals read at its next start.
+    """
+
+    def __init__(
+        self,
+        world: World,
+        *,
+        scope: str,
+        budget: Budget,
+        base: UsageTotals,
+        parent: BudgetTracker | None = None,
+    ) -> None:
+        self.world = world
+        self.scope = scope
+        self.budget = budget
+        self.parent = parent
+        self._input = base.input_tokens
+        self._output = base.output_tokens
+        self._cached = base.cached_input_tokens
+        self._reasoning = base.reasoning_tokens
+        self._calls = base.calls
+        self._unpriced = base.unpriced_calls
+        exact = base.cost_usd_exact
+        self._pusd = 0 if exact is None else picodollars(exact)
+
+    def add(self, response: ModelResponse, at: datetime) -> None:
+        """Count one call (priced as the reducer prices it: the world's pricer, at ``at``)."""
+        cost = self.world.pricer(response.provider, response.model, response.usage, at)
+        self._add(response.usage, None if cost is None else picodollars(cost))
+
+    def _add(self, usage: Usage, pusd: int | None) -> None:
+        self._input += usage.input_tokens
+        self._output += usage.output_tokens
+        self._cached += usage.cached_input_tokens
+        self._reasoning += usage.reasoning_tokens
+        self._calls += 1
+        if pusd is None:
+            self._unpriced += 1
+        else:
+            self._pusd += pusd
+        if self.parent is not None:
+            self.parent._add(usage, pusd)
+
+    def spent(self) -> UsageTotals:
+        """The scope's totals as they stand."""
+        none_priced = bool(self._calls) and self._calls == self._unpriced
+        return UsageTotals(
+            input_tokens=self._input,
+            output_tokens=self._output,
+            cached_input_tokens=self._cached,
+            reasoning_tokens=self._reasoning,
+            cost_usd=None if none_priced else float(dollars(self._pusd)),
+            cost_usd_exact=None if none_priced else dollars(self._pusd),
+            unpriced_calls=self._unpriced,
+            calls=self._calls,
+        )
+
+    def check(self, run_id: str, step_path: str | None) -> None:
+        """Raise :class:`~little_es.errors.BudgetExceededError` (for ``run_id``) when this
+        scope's budget, or an ancestor's, is spent: the next call would start past it."""
+        tracker: BudgetTracker | None = self
+        while tracker is not None:
+            spent = tracker.spent()
+            why = tracker.budget.exceeded(spent)
+            if why is not None:
+                raise BudgetExceededError(
+                    run_id,
+                    scope=tracker.scope,
+                    spent=why,
+                    step_path=step_path,
+                    unpriced_calls=spent.unpriced_calls,
+                )
+            tracker = tracker.parent
+
+
+def resolve_run_budget(world: World, run_id: str, fold: RunFold) -> BudgetTracker | None:
+    """The tracker of the budget that covers ``run_id``: its own, else its nearest ancestor's
+    (read through ``parent_run_id``), with that run's tree totals read from the log."""
+    owner, budget, parent = run_id, fold.budget, fold.parent_run_id
+    seen = {run_id}
+    while budget is None and parent is not None and parent not in seen:
+        seen.add(parent)
+        ancestor = world.load_run(parent).fold
+        owner, budget, parent = parent, ancestor.budget, ancestor.parent_run_id
+    if budget is None:
+        return None
+    return BudgetTracker(
+        world,
+        scope=f"run {owner!r} with its sub-runs",
+        budget=budget,
+        base=run_tree_totals(world, owner),
+    )
+
+
+_UNRESOLVED: Any = object()
+
+
+class StepGuard:
+    """The :class:`~little_es.harness.guard.CallGuard` of one step attempt.
+
+    Before each model call and batch of tool calls: the run (and, for a sub-run
+    driven in this process, its parents) must not be cancelled; before each
+    model call, the run's budget and the agent step's own must not be spent.
+    The budgets' totals are read from the log at the first model call only.
+    """
+
+    def __init__(self, executor: StepExecutor, begun: Begun, parent: CallGuard | None) -> None:
+        self.executor = executor
+        self.begun = begun
+        self.parent = parent
+        self._step: BudgetTracker | None = _UNRESOLVED
+
+    def check_stop(self) -> None:
+        """Raise :class:`~little_es.errors.RunCancelledError` if the run (or a parent) was
+        cancelled."""
+        self.executor.check_stopped()
+        if isinstance(self.parent, StepGuard):
+            self.parent.check_stop()
+
+    def _trackers(self) -> tuple[BudgetTracker, ...]:
+        if self._step is _UNRESOLVED:
+            self._step = None
+            step = self.begun.step
+            if isinstance(step, AgentStep) and step.budget is not None:
+                path = self.begun.step_path
+                state = self.executor.world.read_run_log_skipping(
+                    self.executor.run_id, COUNTED_ONLY
+                ).materialize()
+                found = state.steps.get(path)
+                self._step = BudgetTracker(
+                    self.executor.world,
+                    scope=f"agent step {path!r}",
+                    budget=step.budget,
+                    base=found.usage if found is not None else UsageTotals(),
+                )
+        run = self.executor.budget_tracker()
+        return tuple(t for t in (self._step, run) if t is not None)
+
+    def before_model_call(self, step_path: str) -> None:
+        """Stop a cancelled run, then one whose budget (the run's or the step's) is spent."""
+        self.check_stop()
+        for tracker in self._trackers():
+            tracker.check(self.executor.run_id, self.begun.step_path)
+
+    def model_responded(self, response: ModelResponse, at: datetime) -> None:
+        """Count the call towards the step's budget and the run's (and the run's parents')."""
+        for tracker in self._trackers():
+            tracker.add(response, at)
+
+    def before_tool_calls(self, step_path: str) -> None:
+        """Stop a cancelled run before its tools run."""
+        self.check_stop()
 
 
 class RunWriter(ABC):
@@ -256,6 +465,11 @@ class RunWriter(ABC):
         action that commits (the commit checks the stream's version) or returns
         early on a fact that never goes stale (a committed ``StepCompleted``).
         """
+
+    @abstractmethod
+    def refresh(self) -> RunFold:
+        """The run's state with what other processes appended since it was last read
+        (a ``RunCancelled``): one indexed query when they appended nothing."""
 
     @abstractmethod
     def outputs(self, fold: RunFold) -> Mapping[str, Any]:
@@ -328,6 +542,22 @@ class StepExecutor:
         self.run_id = writer.run_id
         self.workflow = workflow
         self._input: Mapping[str, Any] | None = None
+        self.run_budget: BudgetTracker | None = _UNRESOLVED
+        """The run's budget tracker; resolved from the log when the engine did not set it."""
+        self.parent_guard: CallGuard | None = None
+        """The guard of the step that drives this run as a sub-run in this process, if any."""
+
+    def budget_tracker(self) -> BudgetTracker | None:
+        """The tracker of the budget over this run (its own or an ancestor's), or None."""
+        if self.run_budget is _UNRESOLVED:
+            self.run_budget = resolve_run_budget(self.world, self.run_id, self.writer.read())
+        return self.run_budget
+
+    def check_stopped(self) -> None:
+        """Raise :class:`~little_es.errors.RunCancelledError` if the run was cancelled."""
+        fold = self.writer.refresh()
+        if fold.status == "cancelled":
+            raise RunCancelledError(self.run_id, fold.stop_reason)
 
     def context(
         self, fold: RunFold, step_path: str, attempt: int, branch_value: Any = None
@@ -370,6 +600,8 @@ class StepExecutor:
             recorded = rec.fold.steps.get(step_path)
             if recorded is not None and recorded.status == "completed":
                 return Committed(recorded, executed=False)
+            if start and rec.fold.status == "cancelled":
+                raise RunCancelledError(self.run_id, rec.fold.stop_reason)
             attempt, in_flight, limit = next_attempt(recorded, max_attempts)
             if start and not in_flight:
                 rec.step_started(
@@ -385,7 +617,14 @@ class StepExecutor:
             ctx = self.context(rec.fold, step_path, attempt, branch_value) if start else None
             return Begun(step, step_path, visit, attempt, limit, in_flight, ctx)
 
-        return await self.writer.write(begin, catch_up=catch_up)
+        begun = await self.writer.write(begin, catch_up=catch_up)
+        if start and isinstance(begun, Begun) and begun.in_flight:
+            # A new attempt's StepStarted was appended at the next version: a cancel
+            # recorded by another process made it lose the version check, and the
+            # writer decided again, seeing the cancel. An attempt in flight appends
+            # nothing, so it looks.
+            self.check_stopped()
+        return begun
 
     async def attempt(self, begun: Begun, code: Callable[[], Awaitable[Any]]) -> Outcome:
         """Await ``code()`` (the attempt's work) and check what it returned.
@@ -397,7 +636,8 @@ class StepExecutor:
         # A process that lost the run's lease starts nothing more (LeaseLostError, a refusal).
         check_leases()
         try:
-            output = await code()
+            with guarding(StepGuard(self, begun, self.parent_guard)):
+                output = await code()
             next_step = None
             if isinstance(begun.step, DecisionStep):
                 next_step = self.workflow.check_decision_target(begun.step.id, output)
@@ -409,9 +649,28 @@ class StepExecutor:
             # re-runs every committed call; nothing is written, the attempt stays
             # in flight, and a resume after the cause is fixed continues it.
             raise
+        except RunStoppedError as exc:
+            # Cancelled, or out of budget: not the step's failure either. The attempt
+            # stays in flight; a budget stop is recorded as the run's own outcome.
+            if isinstance(exc, BudgetExceededError):
+                await self._budget_exceeded(exc, begun.step_path)
+            raise
         except Exception as exc:
             return Outcome(error=ErrorInfo.from_exception(exc), exception=exc)
         return Outcome(output=output, next_step=next_step)
+
+    async def _budget_exceeded(self, exc: BudgetExceededError, step_path: str) -> None:
+        def record(rec: RunRecorder) -> None:
+            # Parallel branches stop one by one: the first records the run's outcome.
+            if rec.fold.status not in ("budget_exceeded", "cancelled", "completed"):
+                rec.budget_exceeded(
+                    scope=exc.scope,
+                    spent=exc.spent,
+                    step_path=step_path,
+                    unpriced_calls=exc.unpriced_calls,
+                )
+
+        await self.writer.write(record)
 
     async def settle(self, begun: Begun, outcome: Outcome) -> Committed | Retry:
         """Commit the attempt's ``StepCompleted``, or its ``StepFailed`` and the retry decision."""
@@ -486,9 +745,14 @@ class StepExecutor:
         """
         if fold is None:
             fold = self.writer.read()
+        if step_path in fold.steps and completed_step(fold, step_path) is None:
+            # Started before (a resume): no StepStarted append to lose to a cancel.
+            self.check_stopped()
         if step_path not in fold.steps:
 
             def start(rec: RunRecorder) -> None:
+                if rec.fold.status == "cancelled":
+                    raise RunCancelledError(self.run_id, rec.fold.stop_reason)
                 if step_path not in rec.fold.steps:
                     rec.step_started(
                         step_path, step_id=group.id, kind="parallel", visit=visit, attempt=1
@@ -621,6 +885,8 @@ class StepExecutor:
         """Commit ``RunCompleted`` (once) with the output of ``output_step_path`` (None: none)."""
 
         def complete(rec: RunRecorder) -> RunFold:
+            if rec.fold.status == "cancelled":
+                raise RunCancelledError(self.run_id, rec.fold.stop_reason)
             if rec.fold.status != "completed":
                 output: Any = None
                 if output_step_path is not None:

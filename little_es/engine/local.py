@@ -34,21 +34,31 @@ from little_es._frozen import FrozenDict, freeze
 from little_es.durability import RunRecorder, read_output
 from little_es.engine.executor import (
     Begun,
+    BudgetTracker,
     Committed,
     Retry,
     RunWriter,
     StepExecutor,
+    StepGuard,
     check_run_request,
     execute_step,
     open_run,
 )
 from little_es.engine.walk import StepVisit, Walk, branch_path, gather_branches
-from little_es.errors import LittleEsError, RunFailedError, VisitLimitError
+from little_es.errors import (
+    ConcurrencyConflictError,
+    LittleEsError,
+    RunFailedError,
+    RunStoppedError,
+    VisitLimitError,
+)
 from little_es.events import Event
+from little_es.harness.guard import current_guard
 from little_es.ids import new_run_id, validate_run_id
 from little_es.logging import get_logger
 from little_es.materialize import COUNTED_ONLY, MaterializedRunState, RunFold
-from little_es.values import ErrorInfo
+from little_es.totals import run_tree_totals
+from little_es.values import Budget, ErrorInfo
 from little_es.workflow.authoring import (
     BranchStep,
     ParallelStep,
@@ -122,8 +132,22 @@ class _LocalWriter(RunWriter):
     def read(self) -> RunFold:
         return self.recorder.fold
 
+    def refresh(self) -> RunFold:
+        self.recorder.refresh()
+        return self.recorder.fold
+
     async def write(self, action: Callable[[RunRecorder], T], *, catch_up: bool = True) -> T:
-        return action(self.recorder)
+        for attempt in range(_CONFLICT_RETRIES):
+            try:
+                return action(self.recorder)
+            except ConcurrencyConflictError:
+                # Another process appended (a RunCancelled, a user's event; it holds no
+                # lease, see little_es.durability): decide again on the stream as stored.
+                # A driver that lost its lease stops at the retried append's lease check.
+                if attempt + 1 == _CONFLICT_RETRIES:
+                    raise
+                self.recorder.reload()
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def outputs(self, fold: RunFold) -> FrozenDict[str, Any]:
         if self._view is None:
@@ -136,6 +160,9 @@ class _LocalWriter(RunWriter):
         """Show ``output`` as step ``step_id``'s to the steps that follow."""
         self._outputs[step_id] = freeze(output)
         self._view = None
+
+
+_CONFLICT_RETRIES = 20
 
 
 class _RetriesExhaustedError(Exception):
@@ -223,6 +250,8 @@ async def run_workflow(
     *,
     run_id: str | None = None,
     observer: Callable[[Event], None] | None = None,
+    budget: Budget | None = None,
+    resume_cancelled: bool = False,
     _parent: tuple[str, str] | None = None,
 ) -> RunResult:
     """Run ``workflow`` to the end, or resume the run ``run_id`` where its log stops.
@@ -238,8 +267,17 @@ async def run_workflow(
     the cause is fixed a resume continues where the run stopped), and
     :class:`~little_es.errors.ConcurrentRunError` when another process is
     driving the run.
+
+    ``budget`` limits what the run and its sub-runs may spend on model calls
+    (recorded as ``BudgetSet``; None keeps the recorded one, so a resume may
+    raise it); when the next call would start past it the run stops with
+    :class:`~little_es.errors.BudgetExceededError`, recorded as its outcome.
+    A run cancelled by :func:`~little_es.durability.cancel_run` (``little
+    cancel``) stops with :class:`~little_es.errors.RunCancelledError` before its
+    next step, model call or tool call, and is resumed only with
+    ``resume_cancelled=True``.
     """
-    problem = check_run_request(workflow, input)
+    problem = check_run_request(workflow, input, budget)
     if problem is not None:
         raise TypeError(problem)
     run_id = validate_run_id(run_id) if run_id is not None else new_run_id()
@@ -254,11 +292,31 @@ async def run_workflow(
             parent_run_id=_parent[0] if _parent else None,
             parent_step_path=_parent[1] if _parent else None,
             observer=observer,
+            budget=budget,
+            resume_cancelled=resume_cancelled,
         )
         resumed = existing is not None
         if recorder.fold.status == "completed":
             return _result(world, recorder.fold, resumed=True, executed=0)
         scheduler = _Scheduler(workflow, recorder)
+        # A sub-run driven in this process stops with its parent, and counts its
+        # model calls towards the budget over the parent (the parent step's guard).
+        parent_guard = current_guard()
+        inherited = (
+            parent_guard.executor.budget_tracker() if isinstance(parent_guard, StepGuard) else None
+        )
+        scheduler.executor.parent_guard = parent_guard
+        own = recorder.fold.budget
+        if own is not None:
+            scheduler.executor.run_budget = BudgetTracker(
+                world,
+                scope=f"run {run_id!r} with its sub-runs",
+                budget=own,
+                base=run_tree_totals(world, run_id),
+                parent=inherited,
+            )
+        elif isinstance(parent_guard, StepGuard):
+            scheduler.executor.run_budget = inherited
         log = _log.bind(run_id=run_id, workflow_id=workflow.id)
         log.info("run resumed" if resumed else "run started")
         try:
@@ -269,6 +327,9 @@ async def run_workflow(
         except VisitLimitError as exc:
             error = ErrorInfo.from_exception(exc, retryable=False)
             await scheduler.executor.fail_run(step_path=None, error=error)
+            raise
+        except RunStoppedError as exc:
+            log.info("run stopped", reason=str(exc))
             raise
         except LittleEsError:
             raise

@@ -66,6 +66,7 @@ from little_es.backends.base import check_leases
 from little_es.domain import HarnessSession
 from little_es.errors import (
     ConversationDivergedError,
+    RunStoppedError,
     RuntimeIntegrityError,
     SessionInputError,
     ToolError,
@@ -80,6 +81,7 @@ from little_es.events import (
     ToolCallStarted,
     ToolCallSucceeded,
 )
+from little_es.harness.guard import current_guard
 from little_es.harness.manifest import check_manifest, compute_manifest
 from little_es.harness.model import Model
 from little_es.harness.tools import Tool, ToolContext, resolve_tools
@@ -328,7 +330,11 @@ class _SessionLoop:
             messages=tuple(self.conversation), tools=self.tool_specs, parameters=self.parameters
         )
         # The lease was checked by the save of this turn's harness.model.called,
-        # the commit just before this call.
+        # the commit just before this call. A cancelled run, or one whose budget
+        # is spent, stops here with the call in flight: it is made on resume.
+        guard = current_guard()
+        if guard is not None:
+            guard.before_model_call(self.step_path)
         self.model_calls_made += 1
         response = await self.model.complete(request)
         if not isinstance(response, ModelResponse):
@@ -338,7 +344,11 @@ class _SessionLoop:
             )
         # Saved by the caller with what follows it: the tool calls' starts, or
         # the session's completion.
-        self.session.trigger(ModelResponded, turn=turn, response=response, step_path=self.step_path)
+        responded = self.session.trigger(
+            ModelResponded, turn=turn, response=response, step_path=self.step_path
+        )
+        if guard is not None:
+            guard.model_responded(response, responded.timestamp)
         return response
 
     async def _tool_calls(self, turn: int, calls: tuple[ToolCall, ...]) -> None:
@@ -372,6 +382,10 @@ class _SessionLoop:
         pending = [session.tool_calls[c] for c in call_ids if c not in session.tool_results]
         self.replayed_tool_calls += len(call_ids) - len(pending)
         self._running = len(pending)
+        guard = current_guard()
+        if pending and guard is not None:
+            # The starts are committed: a stop leaves the calls in flight, run on resume.
+            guard.before_tool_calls(self.step_path)
         if pending:
             tasks = [asyncio.ensure_future(self._invoke(started)) for started in pending]
             try:
@@ -452,9 +466,10 @@ class _SessionLoop:
                     f" {', '.join(sorted(self.tools)) or 'none'}"
                 )
             result = await tool.invoke(dict(started.args), self._tool_context(started.call_id))
-        except RuntimeIntegrityError:
-            # A refusal (a sub-run whose log disagrees with its code): not the
-            # tool's failure to show the model, nothing is recorded for the call.
+        except (RuntimeIntegrityError, RunStoppedError):
+            # A refusal (a sub-run whose log disagrees with its code) or a stop (a
+            # sub-run cancelled or out of budget): not the tool's failure to show
+            # the model, nothing is recorded for the call, which stays in flight.
             self._running -= 1
             raise
         except Exception as exc:

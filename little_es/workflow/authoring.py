@@ -42,6 +42,7 @@ from little_es.errors import (
 )
 from little_es.harness.model import Model
 from little_es.harness.tools import Tool, resolve_tools
+from little_es.values import Budget
 from little_es.workflow.context import StepContext
 from little_es.workflow.ir import (
     END,
@@ -126,6 +127,9 @@ class AgentStep:
     system: str | None
     max_turns: int
     parameters: Mapping[str, Any]
+    budget: Budget | None = None
+    """The step's own budget (its model calls, every attempt), besides the run's. Not part of
+    the IR or the session manifest: a resume may raise it."""
 
     @property
     def id(self) -> str:
@@ -334,6 +338,7 @@ def agent(
     parameters: Mapping[str, Any] | None = None,
     retry: RetryPolicy | None = None,
     max_visits: int = 1,
+    budget: Budget | None = None,
 ) -> AgentStep:
     """A step that runs a harness session of ``model`` with ``tools``.
 
@@ -342,7 +347,9 @@ def agent(
     user prompt, a string or a function of the context (sync or async)
     returning one; ``tools`` are :class:`~little_es.harness.tools.Tool` objects
     or plain functions (wrapped with ``tool(fn)``); ``parameters`` (plain JSON)
-    go to every model call; ``max_turns`` bounds the model calls.
+    go to every model call; ``max_turns`` bounds the model calls. ``budget``
+    limits what this step's model calls may spend (checked before each, as the
+    run's budget is; not hashed into the IR, so a resume may raise it).
     """
     _check_id(id)
     provider = getattr(model, "provider", None)
@@ -406,6 +413,11 @@ def agent(
         retry=_check_retry(id, retry),
         max_visits=_check_max_visits(id, max_visits),
     )
+    if budget is not None and not isinstance(budget, Budget):
+        raise WorkflowDefinitionError(
+            f"agent step {id!r}: budget must be a Budget(usd=..., tokens=..., model_calls=...),"
+            f" got {type(budget).__name__}"
+        )
     return AgentStep(
         ir=ir,
         model=model,
@@ -414,6 +426,7 @@ def agent(
         system=system,
         max_turns=max_turns,
         parameters=params,
+        budget=budget,
     )
 
 

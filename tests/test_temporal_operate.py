@@ -1,0 +1,285 @@
+"""Cancel and budgets on Temporal, against the real ``temporal server start-dev``.
+
+The workflows are those of ``test_operate_kill.py`` (``tests/_operate_proc.py``),
+run by an in-process worker; their steps, model calls and tool calls write
+every real execution to a ledger file.
+
+* a budget stop fails the workflow with ``BudgetExceededError``, recorded in
+  the log as the run's outcome like on the local engine; ``start_run(...,
+  budget=larger)`` continues it, with nothing executed twice;
+* ``little_es_temporal.cancel_run`` records ``RunCancelled`` and cancels the
+  workflow through Temporal; the step in flight keeps its result, the next
+  step never starts, and ``start_run(..., resume_cancelled=True)`` finishes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from little_es_temporal import (
+    DevServer,
+    StepTimeouts,
+    TemporalBinaryNotFoundError,
+    cancel_run,
+    connect,
+    create_worker,
+    start_run,
+)
+from little_es_temporal.devserver import find_temporal_binary
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.exceptions import CancelledError
+
+from little_es.events import RunCancelled, RunFailed, StepFailed
+from little_es.replay import replay_run
+from little_es.values import Budget
+from little_es.world import World, local_world
+from tests import _operate_proc as op
+
+pytestmark = [pytest.mark.temporal, pytest.mark.timeout(300)]
+
+_FAST = StepTimeouts(heartbeat=timedelta(seconds=1))
+
+
+@pytest.fixture(scope="module")
+def dev_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevServer]:
+    """A Temporal dev server for this module, stopped afterwards."""
+    try:
+        binary = find_temporal_binary()
+    except TemporalBinaryNotFoundError as exc:
+        reason = f"{exc} (the Temporal tests need the dev server binary)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    server = DevServer(binary=binary, db_filename=tmp_path_factory.mktemp("temporal") / "db")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        time.sleep(0.2)
+
+
+@pytest.fixture
+async def client(dev_server: DevServer) -> Client:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return await connect(dev_server.address)
+        except RuntimeError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+@pytest.fixture
+def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "ledger"
+    monkeypatch.setattr(op, "_ledger", path)
+    return path
+
+
+def _ledger(path: Path) -> Counter[str]:
+    if not path.exists():
+        return Counter()
+    return Counter(line.split(" ", 1)[1] for line in path.read_text().splitlines())
+
+
+def _run_events(world: World, run_id: str) -> list[object]:
+    stream = world.load_run(run_id).id
+    return [e for e in world.read_run_log(run_id) if e.originator_id == stream]
+
+
+async def test_a_budget_stop_on_temporal_and_its_resume_with_a_larger_budget(
+    client: Client, tmp_path: Path, ledger: Path
+) -> None:
+    queue = f"q-{uuid.uuid4().hex[:12]}"
+    with local_world(tmp_path / "world") as world:
+        worker = create_worker(client, world, workflows=[op.AGENT], task_queue=queue)
+        async with worker:
+            handle = await start_run(
+                client,
+                op.AGENT,
+                {},
+                run_id="run_t_budget",
+                task_queue=queue,
+                timeouts=_FAST,
+                budget=Budget(model_calls=2),
+            )
+            with pytest.raises(WorkflowFailureError) as failure:
+                await handle.result()
+            assert "BudgetExceededError" in repr(failure.value.cause.cause)  # type: ignore[union-attr]
+            state = replay_run(world, "run_t_budget").state
+            assert state.status == "budget_exceeded" and state.stopped_step_path == "plan"
+            assert not any(
+                isinstance(e, StepFailed | RunFailed) for e in _run_events(world, "run_t_budget")
+            )
+            assert _ledger(ledger) == Counter(
+                {"step fetch": 1, "model 1": 1, "tool q1": 1, "model 2": 1, "tool q2": 1}
+            )
+            again = await start_run(
+                client,
+                op.AGENT,
+                run_id="run_t_budget",
+                task_queue=queue,
+                timeouts=_FAST,
+                budget=Budget(model_calls=10),
+            )
+            await again.result()
+        await asyncio.sleep(0.2)
+        assert replay_run(world, "run_t_budget").state.status == "completed"
+    expected = Counter({"step fetch": 1, "step finish": 1})
+    expected.update({f"model {t}": 1 for t in range(1, 6)})
+    expected.update({f"tool q{t}": 1 for t in range(1, 5)})
+    assert _ledger(ledger) == expected
+
+
+async def test_cancel_on_temporal_stops_before_the_next_step_and_resumes_when_asked(
+    client: Client, tmp_path: Path, ledger: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(op, "_sleep_s", 2.0)
+    queue = f"q-{uuid.uuid4().hex[:12]}"
+    with local_world(tmp_path / "world") as world:
+        worker = create_worker(client, world, workflows=[op.SLOW], task_queue=queue)
+        async with worker:
+            handle = await start_run(
+                client, op.SLOW, {}, run_id="run_t_cancel", task_queue=queue, timeouts=_FAST
+            )
+            deadline = time.monotonic() + 30
+            while "step slow" not in _ledger(ledger):
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.02)
+            event = await cancel_run(client, world, "run_t_cancel", reason="not needed")
+            assert isinstance(event, RunCancelled) and event.engine == "temporal"
+            with pytest.raises(WorkflowFailureError) as failure:
+                await handle.result()
+            assert isinstance(failure.value.cause, CancelledError)
+            # The step in flight finishes and keeps its result; the next never starts.
+            deadline = time.monotonic() + 30
+            while replay_run(world, "run_t_cancel").state.steps["slow"].status != "completed":
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(1.0)
+            assert _ledger(ledger) == Counter({"step first": 1, "step slow": 1})
+            state = replay_run(world, "run_t_cancel").state
+            assert state.status == "cancelled" and state.stop_reason == "not needed"
+            refused = await start_run(client, op.SLOW, run_id="run_t_cancel", task_queue=queue)
+            with pytest.raises(WorkflowFailureError) as failure:
+                await refused.result()
+            assert "not resumed by accident" in str(failure.value.cause.cause)  # type: ignore[union-attr]
+            resumed = await start_run(
+                client,
+                op.SLOW,
+                run_id="run_t_cancel",
+                task_queue=queue,
+                resume_cancelled=True,
+            )
+            await resumed.result()
+        await asyncio.sleep(0.2)
+        assert replay_run(world, "run_t_cancel").state.status == "completed"
+    assert _ledger(ledger) == Counter({"step first": 1, "step slow": 1, "step last": 1})
+
+
+async def test_a_budget_over_a_sub_run_on_temporal_records_no_failure_in_the_parent(
+    client: Client, tmp_path: Path, ledger: Path
+) -> None:
+    queue = f"q-{uuid.uuid4().hex[:12]}"
+    with local_world(tmp_path / "world") as world:
+        worker = create_worker(client, world, workflows=[op.TREE], task_queue=queue)
+        async with worker:
+            handle = await start_run(
+                client,
+                op.TREE,
+                {},
+                run_id="run_t_tree",
+                task_queue=queue,
+                timeouts=_FAST,
+                budget=Budget(model_calls=2),
+            )
+            with pytest.raises(WorkflowFailureError):
+                await handle.result()
+            (sub_id,) = replay_run(world, "run_t_tree").state.sub_run_ids
+            assert replay_run(world, sub_id).state.status == "budget_exceeded"
+            parent = replay_run(world, "run_t_tree").state
+            assert parent.steps["sub"].status == "running"  # in flight, not failed
+            assert not any(
+                isinstance(e, StepFailed | RunFailed) for e in _run_events(world, "run_t_tree")
+            )
+            again = await start_run(
+                client,
+                op.TREE,
+                run_id="run_t_tree",
+                task_queue=queue,
+                timeouts=_FAST,
+                budget=Budget(model_calls=10),
+            )
+            await again.result()
+        await asyncio.sleep(0.2)
+        assert replay_run(world, "run_t_tree").state.status == "completed"
+    expected = Counter({"step start": 1, "step fetch": 1, "step finish": 1})
+    expected.update({f"model {t}": 1 for t in range(1, 6)})
+    expected.update({f"tool q{t}": 1 for t in range(1, 5)})
+    assert _ledger(ledger) == expected
+
+
+async def test_little_cancel_with_temporal_cancels_the_workflow(
+    client: Client,
+    dev_server: DevServer,
+    tmp_path: Path,
+    ledger: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(op, "_sleep_s", 5.0)  # longer than the command takes to start
+    queue = f"q-{uuid.uuid4().hex[:12]}"
+    url = f"sqlite:///{tmp_path / 'world'}"
+    with local_world(tmp_path / "world") as world:
+        worker = create_worker(client, world, workflows=[op.SLOW], task_queue=queue)
+        async with worker:
+            handle = await start_run(
+                client, op.SLOW, {}, run_id="run_t_cli", task_queue=queue, timeouts=_FAST
+            )
+            while "step slow" not in _ledger(ledger):
+                await asyncio.sleep(0.02)
+            repo = Path(__file__).resolve().parents[1]
+            env = {
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join([str(repo), str(repo / "adapters")]),
+            }
+            done = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "little_es.cli",
+                "cancel",
+                "run_t_cli",
+                "--reason",
+                "from the command line",
+                "--temporal",
+                dev_server.address,
+                "--world",
+                url,
+                env=env,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+            )
+            out, _ = await done.communicate()
+            assert done.returncode == 0, out.decode()
+            assert "recorded RunCancelled (and its Temporal workflow)" in out.decode()
+            with pytest.raises(WorkflowFailureError) as failure:
+                await handle.result()
+            assert isinstance(failure.value.cause, CancelledError)
+            deadline = time.monotonic() + 30
+            while replay_run(world, "run_t_cli").state.steps["slow"].status != "completed":
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)
+        state = replay_run(world, "run_t_cli").state
+        assert state.status == "cancelled" and state.stop_reason == "from the command line"
+    assert "step last" not in _ledger(ledger)
