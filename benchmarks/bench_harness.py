@@ -43,6 +43,7 @@ from typing import Any
 
 import orjson
 
+from benchmarks.figures import Figures, add_json_option, reporting
 from little_es import (
     HarnessSession,
     Message,
@@ -149,9 +150,16 @@ async def _timed(fn: Callable[[], Awaitable[None]]) -> float:
     return time.perf_counter() - start
 
 
-async def recording_overhead(world: World, turns: int, repeats: int) -> tuple[float, float]:
-    """Median extra seconds per model call, and per tool call, that recording costs."""
+async def recording_overhead(
+    world: World, turns: int, repeats: int
+) -> tuple[float, float, float, float]:
+    """Median extra seconds per model call, and per tool call, that recording costs.
+
+    Also the medians of one turn with one tool call, recorded and bare (the baseline).
+    """
     per_turn: dict[int, list[float]] = {1: [], 5: []}
+    recorded_1: list[float] = []
+    bare_1: list[float] = []
     for _ in range(repeats):
         for k, overheads in per_turn.items():
             run_id = f"bench_{uuid.uuid4().hex[:12]}"
@@ -161,10 +169,13 @@ async def recording_overhead(world: World, turns: int, repeats: int) -> tuple[fl
                 rec = await _timed(lambda: _recorded(world, run_id, _model(turns, k), turns + 1))  # noqa: B023
             bare = await _timed(lambda: _bare(_model(turns, k), [ECHO], turns + 1))  # noqa: B023
             overheads.append((rec - bare) / turns)
+            if k == 1:
+                recorded_1.append(rec / turns)
+                bare_1.append(bare / turns)
     # A turn costs model + k * tool: two values of k give both.
     one, five = statistics.median(per_turn[1]), statistics.median(per_turn[5])
     tool_call = (five - one) / 4
-    return one - tool_call, tool_call
+    return one - tool_call, tool_call, statistics.median(recorded_1), statistics.median(bare_1)
 
 
 async def fast_forward(world: World, turns: int, repeats: int) -> tuple[float, float, int, int]:
@@ -249,32 +260,51 @@ def _us(seconds: float) -> str:
     return f"{seconds * 1e6:9.1f} µs"
 
 
-async def _backend(name: str, world: World, turns: int, repeats: int) -> None:
+async def _backend(
+    name: str, world: World, turns: int, repeats: int, figures: Figures, short: str
+) -> None:
     # Warm up: imports, prepared statements, tables.
     await _recorded(world, f"bench_warm_{uuid.uuid4().hex[:8]}", _model(3, 1), 4)
-    model_call, tool_call = await recording_overhead(world, turns, repeats)
+    model_call, tool_call, turn, bare = await recording_overhead(world, turns, repeats)
     per_call, per_event, calls, events = await fast_forward(world, turns, repeats)
     print(f"{name}")
     print(f"  recording overhead per model call  {_us(model_call)}")
     print(f"  recording overhead per tool call   {_us(tool_call)}")
     print(f"  fast-forward per replayed call     {_us(per_call)}  over {calls} calls")
     print(f"  loading the session, per event     {_us(per_event)}  over {events} events")
+    lease = "under the run's lease" if _HOLD_LEASE else "without a lease"
+    figures.add(
+        f"{short}: harness recording overhead per model call, {lease}", model_call * 1e6, "µs"
+    )
+    figures.add(
+        f"{short}: harness recording overhead per tool call, {lease}", tool_call * 1e6, "µs"
+    )
+    figures.add(
+        f"{short}: a harness turn with one tool call, recorded, {lease}",
+        turn * 1e6,
+        "µs",
+        baseline=bare * 1e6,
+        baseline_what="the same loop with no recording",
+    )
+    figures.add(f"{short}: fast-forward per replayed call on resume", per_call * 1e6, "µs")
 
 
-async def _main(args: argparse.Namespace) -> None:
+async def _main(args: argparse.Namespace, figures: Figures) -> None:
     print(f"{args.turns} turns per timed session, medians of {args.repeats} sessions")
+    t, r = args.turns, args.repeats
     with memory_world() as world:
         await _backend(
-            "memory (no I/O: the library's own CPU cost)", world, args.turns, args.repeats
+            "memory (no I/O: the library's own CPU cost)", world, t, r, figures, "memory"
         )
     with _sqlite_world() as world:
-        await _backend("sqlite (local_world, fsync per commit)", world, args.turns, args.repeats)
+        await _backend("sqlite (local_world, fsync per commit)", world, t, r, figures, "sqlite")
         sizes = await bytes_per_turn(world, 200)
     with _sqlite_world("normal") as world:
-        await _backend('sqlite, local_world(synchronous="normal")', world, args.turns, args.repeats)
+        normal = 'sqlite synchronous="normal"'
+        await _backend('sqlite, local_world(synchronous="normal")', world, t, r, figures, normal)
     if args.postgres:
         with _postgres_world(args.postgres) as world:
-            await _backend("postgres (fresh schema)", world, args.turns, args.repeats)
+            await _backend("postgres (fresh schema)", world, t, r, figures, "postgres")
     base = sizes[10][0]
     print("event-log bytes per turn, 200 tool-using turns with a growing conversation:")
     for turn in (10, 50, 100, 200):
@@ -285,6 +315,14 @@ async def _main(args: argparse.Namespace) -> None:
         )
     worst = max(abs(sizes[t][0] - base) / base for t in range(10, 201))
     print(f"  largest deviation from turn 10 over turns 10-200: {worst:.1%}")
+    figures.add(
+        f"event-log bytes of turn 200 of a 200-turn session, growing conversation"
+        f" (its prompt: {sizes[200][1]:,} B; turn 10's: {sizes[10][1]:,} B)",
+        sizes[200][0],
+        "B",
+        baseline=base,
+        baseline_what="event-log bytes of turn 10",
+    )
 
 
 def main() -> None:
@@ -300,11 +338,13 @@ def main() -> None:
         action="store_true",
         help="record without holding the run's lease (so without its checks)",
     )
+    add_json_option(parser)
     args = parser.parse_args()
     global _HOLD_LEASE
     _HOLD_LEASE = not args.no_lease
     configure_logging(level="WARNING")
-    asyncio.run(_main(args))
+    with reporting("bench_harness", args.json) as figures:
+        asyncio.run(_main(args, figures))
 
 
 if __name__ == "__main__":

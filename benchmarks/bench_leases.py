@@ -32,6 +32,7 @@ from pathlib import Path
 
 import psycopg
 
+from benchmarks.figures import Figures, add_json_option, reporting
 from little_es import check_leases, local_world, postgres_world
 from little_es.backends.postgres import PostgresRunLeases
 
@@ -60,16 +61,27 @@ def main() -> None:
     parser.add_argument(
         "--postgres", default=DEFAULT_DSN, help="PostgreSQL URL ('' to skip PostgreSQL)"
     )
+    add_json_option(parser)
     args = parser.parse_args()
+    with reporting("bench_leases", args.json) as figures:
+        _main(args, figures)
+
+
+def _main(args: argparse.Namespace, figures: Figures) -> None:
     n, r = args.checks, args.repeats
     print(f"per check, medians of {r} batches of {n}")
-    print(f"  check_leases(), no lease held           {_us(_per_call(check_leases, n, r))}")
+    none = _per_call(check_leases, n, r)
+    print(f"  check_leases(), no lease held           {_us(none)}")
+    base = {"baseline": none * 1e6, "baseline_what": "check_leases() with no lease held"}
     root = Path(tempfile.mkdtemp(prefix="bench_leases_"))
     try:
         with local_world(root) as world, world.run_lease("bench_lease") as lease:
-            print(f"  sqlite: stat of the lock file            {_us(_per_call(lease.check, n, r))}")
-            print(
-                f"  sqlite: check_leases(), one lease held   {_us(_per_call(check_leases, n, r))}"
+            stat = _per_call(lease.check, n, r)
+            print(f"  sqlite: stat of the lock file            {_us(stat)}")
+            held = _per_call(check_leases, n, r)
+            print(f"  sqlite: check_leases(), one lease held   {_us(held)}")
+            figures.add(
+                "sqlite: one lease check (check_leases(), one lease held)", held * 1e6, "µs", **base
             )
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -85,11 +97,23 @@ def main() -> None:
         ):
             polled = _per_call(lease.check, n, r)
             print(f"  postgres: poll of the lock connection    {_us(polled)}")
+            figures.add(
+                "postgres: one lease check (a poll of the lock connection)",
+                polled * 1e6,
+                "µs",
+                **base,
+            )
             leases = world.leases
             assert isinstance(leases, PostgresRunLeases)
             leases.verify_interval_s = 0.0  # every check queries
             queried = _per_call(lease.check, max(n // 10, 1), r)
             print(f"  postgres: the confirming pg_locks query  {_us(queried)}")
+            figures.add(
+                f"postgres: the confirming pg_locks query (at most every"
+                f" {PostgresRunLeases.verify_interval_s} s of driving)",
+                queried * 1e6,
+                "µs",
+            )
             leases.verify_interval_s = PostgresRunLeases.verify_interval_s
             share = queried / PostgresRunLeases.verify_interval_s
             print(

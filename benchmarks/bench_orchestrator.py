@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.figures import add_json_option, reporting
 from little_es import (
     ModelRequest,
     ScriptedModel,
@@ -184,10 +185,32 @@ def main() -> None:
     parser.add_argument("--sizes", default="100,250,500,1000", help="comma-separated N")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3)
+    add_json_option(parser)
     args = parser.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
     configure_logging(level="ERROR")
+    with reporting("bench_orchestrator", args.json) as figures:
+        rows = _measure(args)
+        base = rows[0]
+        for row in rows:
+            n, done = row["n"], row["done"]
+            what = (
+                f"resume an orchestrator of {n:,} sub-runs ({done:,} completed before the"
+                " kill), SQLite, best"
+            )
+            if row is base:
+                figures.add(what, row["total"], "s")
+            else:
+                figures.add(
+                    what,
+                    row["total"],
+                    "s",
+                    baseline=base["total"] * n / base["n"],
+                    baseline_what=f"the {base['n']:,}-sub-run resume, scaled linearly to {n:,}",
+                )
 
+
+def _measure(args: argparse.Namespace) -> list[dict[str, Any]]:
+    sizes = [int(s) for s in args.sizes.split(",")]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-orchestrator-") as tmp:
         for n in sizes:
@@ -234,6 +257,7 @@ def main() -> None:
             f" the rest {rest / max(row['appended'], 1) * 1000:.2f} ms/event appended"
             f" (x{_ratio(rest, base_rest, max(row['appended'], 1), max(base['appended'], 1))})"
         )
+    return rows
 
 
 if __name__ == "__main__":

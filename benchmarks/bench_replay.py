@@ -36,6 +36,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.figures import Figures, add_json_option, reporting
 from little_es import (
     HarnessSession,
     Message,
@@ -240,8 +241,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--profile", action="store_true", help="cProfile one replay_run")
+    add_json_option(parser)
     args = parser.parse_args()
+    with reporting("bench_replay", args.json) as figures:
+        _main(args, figures)
 
+
+def _main(args: argparse.Namespace, figures: Figures) -> None:
     with tempfile.TemporaryDirectory() as tmp, local_world(tmp) as world:
         t0 = time.perf_counter()
         n = build(world, args.events, args.steps)
@@ -277,9 +283,35 @@ def main() -> None:
             f" stream's last); the other {n - folded:,} it counts without decoding."
         )
         print(f"read_run_log (every event decoded and validated) / raw: {full_wall / raw_wall:.2f}")
+        raw_what = "raw SELECT + orjson.loads of all the run's rows"
+        figures.add(
+            f"replay_run of a {n:,}-event run (mostly harness events), SQLite: decodes the"
+            f" {folded:,} events it folds, counts the rest, verifies every chain",
+            n / rep_wall,
+            "ev/s",
+            baseline=n / raw_wall,
+            baseline_what=raw_what,
+        )
+        figures.add(
+            "reading that run's whole log, every event decoded and validated (little events)",
+            n / full_wall,
+            "ev/s",
+            baseline=n / raw_wall,
+            baseline_what=raw_what,
+        )
         print("where replay's time goes (CPU, best of each stage):")
-        for name, seconds in stages(world, streams, args.repeat).items():
+        timed = stages(world, streams, args.repeat)
+        for name, seconds in timed.items():
             print(f"  {name:34s} {seconds:7.3f}s  {seconds / n * 1e6:6.2f} us/event")
+        chain = timed.get("verify hash chain + head")
+        if chain is not None:
+            figures.add(
+                "the hash chain on read: replay_run's stage 'verify hash chain + head', per row",
+                chain / n * 1e6,
+                "µs",
+                baseline=sum(timed.values()) / n * 1e6,
+                baseline_what="all of replay_run's stages, per row (ratio: the chain's share)",
+            )
         scale = "raw SELECT + loads, for scale"
         print(f"  {scale:34s} {raw_cpu:7.3f}s  {raw_cpu / n * 1e6:6.2f} us/event")
 

@@ -43,6 +43,7 @@ from bench_storage import (
     open_session,
 )
 
+from benchmarks.figures import Figures, add_json_option, reporting
 from little_es import (
     HarnessSession,
     Run,
@@ -53,7 +54,7 @@ from little_es import (
 )
 from little_es.ids import run_stream_id
 from little_es.pricing import price_usage_exact
-from little_es.world import LittleApplication
+from little_es.world import RUN_SNAPSHOT_INTERVAL, LittleApplication
 
 RUN_ID = "run_bench_snapshots"
 
@@ -217,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loads", type=int, default=5, help="loads per figure (median kept)")
     parser.add_argument("--max-overhead", type=float, default=0.10, help="e.g. 0.10 = 10%%")
     parser.add_argument("--dsn", default=os.environ.get("LITTLE_ES_TEST_POSTGRES_DSN", DEFAULT_DSN))
+    add_json_option(parser)
     args = parser.parse_args(argv)
     try:
         lengths = [int(n) for n in args.events.split(",")]
@@ -230,23 +232,53 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("backends: sqlite,postgres; --batch >= 1; --events >= 10")
 
     saved = dict(LittleApplication.snapshotting_intervals)
-    try:
-        for name in backends:
-
-            def make(name: str = name) -> Backend:
-                return SqliteBackend() if name == "sqlite" else PostgresBackend(args.dsn)
-
-            for aggregate in ("HarnessSession", "Run"):
-                for n in lengths:
-                    rows = {
-                        iv: measure(make, aggregate, n, iv, args.batch, args.loads)
-                        for iv in intervals
-                    }
-                    _print(name, aggregate, n, args.batch, rows, args.max_overhead)
-    finally:
-        LittleApplication.snapshotting_intervals.clear()
-        LittleApplication.snapshotting_intervals.update(saved)
+    with reporting("bench_snapshots", args.json) as figures:
+        try:
+            _measure(args, backends, lengths, intervals, figures)
+        finally:
+            LittleApplication.snapshotting_intervals.clear()
+            LittleApplication.snapshotting_intervals.update(saved)
     return 0
+
+
+def _measure(
+    args: argparse.Namespace,
+    backends: list[str],
+    lengths: list[int],
+    intervals: list[int | None],
+    figures: Figures,
+) -> None:
+    for name in backends:
+
+        def make(name: str = name) -> Backend:
+            return SqliteBackend() if name == "sqlite" else PostgresBackend(args.dsn)
+
+        for aggregate in ("HarnessSession", "Run"):
+            for n in lengths:
+                rows = {
+                    iv: measure(make, aggregate, n, iv, args.batch, args.loads) for iv in intervals
+                }
+                _print(name, aggregate, n, args.batch, rows, args.max_overhead)
+                _figures(figures, name, aggregate, rows)
+
+
+def _figures(
+    figures: Figures, backend: str, aggregate: str, rows: dict[int | None, dict[str, Any]]
+) -> None:
+    """A ``Run``'s load and write time at the interval worlds use, against no snapshots."""
+    if aggregate != "Run" or RUN_SNAPSHOT_INTERVAL not in rows:
+        return
+    base, r = rows[None], rows[RUN_SNAPSHOT_INTERVAL]
+    where = (
+        f"Run of {base['events']:,} events (task steps), {backend}, snapshots at"
+        f" {RUN_SNAPSHOT_INTERVAL}, {2 * RUN_SNAPSHOT_INTERVAL}, ... events ({r['snapshots']})"
+    )
+    figures.add(
+        f"{where}: load", r["load_ms"], "ms", baseline=base["load_ms"], baseline_what="no snapshots"
+    )
+    figures.add(
+        f"{where}: write", r["write_s"], "s", baseline=base["write_s"], baseline_what="no snapshots"
+    )
 
 
 def _print(

@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psycopg
 from psycopg import sql
 
+from benchmarks.figures import Figures, add_json_option, reporting
 from little_es import (
     HarnessSession,
     Message,
@@ -421,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get("LITTLE_ES_TEST_POSTGRES_DSN", DEFAULT_DSN),
         help="PostgreSQL server (a schema is created and dropped)",
     )
+    add_json_option(parser)
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.backends.split(",") if n.strip()]
     unknown = set(names) - {"sqlite", "postgres"}
@@ -430,27 +432,53 @@ def main(argv: list[str] | None = None) -> int:
             if unknown
             else "need --events >= 2, --batch >= 1, --single >= 2"
         )
-    print(
-        f"little_es storage benchmark: Python {sys.version.split()[0]},"
-        f" eventsourcing {importlib.metadata.version('eventsourcing')}"
-    )
-    results: dict[str, dict[str, Any]] = {}
-    for name in names:
-        backend: Backend = SqliteBackend() if name == "sqlite" else PostgresBackend(args.dsn)
-        try:
-            results[name] = measure(
-                backend,
-                events=args.events,
-                batch=args.batch,
-                single=args.single,
-                repeat=args.repeat,
-            )
-        finally:
-            backend.cleanup()
-        print(f"  {name}: {results[name]['describe']}")
-    print()
-    print(_table(results, args.batch, args.single))
+    with reporting("bench_storage", args.json) as figures:
+        print(
+            f"little_es storage benchmark: Python {sys.version.split()[0]},"
+            f" eventsourcing {importlib.metadata.version('eventsourcing')}"
+        )
+        results: dict[str, dict[str, Any]] = {}
+        for name in names:
+            backend: Backend = SqliteBackend() if name == "sqlite" else PostgresBackend(args.dsn)
+            try:
+                results[name] = measure(
+                    backend,
+                    events=args.events,
+                    batch=args.batch,
+                    single=args.single,
+                    repeat=args.repeat,
+                )
+            finally:
+                backend.cleanup()
+            print(f"  {name}: {results[name]['describe']}")
+            _figures(figures, name, results[name], args.batch, args.single)
+        print()
+        print(_table(results, args.batch, args.single))
     return 0
+
+
+def _figures(figures: Figures, name: str, r: dict[str, Any], batch: int, single: int) -> None:
+    figures.add(
+        f"{name}: append one result (one transaction, fsynced), median of {single}",
+        r["result_median_ms"],
+        "ms",
+    )
+    figures.add(
+        f"{name}: append one write-ahead record (one transaction), median of {single}",
+        r["ahead_median_ms"],
+        "ms",
+    )
+    figures.add(
+        f"{name}: append {r['events']:,} events, {batch} per transaction", r["append_eps"], "ev/s"
+    )
+    figures.add(
+        f"{name}: read back a {r['events']:,}-event stream (every event decoded, validated,"
+        f" its chain verified); {r['mean_bytes']:.0f} B a row stored",
+        r["read_eps"],
+        "ev/s",
+        baseline=r["raw_eps"],
+        baseline_what="raw SELECT + orjson.loads of the same rows",
+    )
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ from temporalio.worker.workflow_sandbox import (  # noqa: E402
     SandboxRestrictions,
 )
 
+from benchmarks.figures import Figures, add_json_option, reporting  # noqa: E402
 from little_es import (  # noqa: E402
     StepContext,
     Workflow,
@@ -202,7 +203,7 @@ async def _history_sizes(client: Client, world: World) -> dict[int, tuple[int, i
     return sizes
 
 
-async def _main(args: argparse.Namespace) -> None:
+async def _main(args: argparse.Namespace, figures: Figures) -> None:
     global _work_s
     _work_s = args.work_ms / 1000
     configure_logging(level="WARNING")
@@ -223,6 +224,15 @@ async def _main(args: argparse.Namespace) -> None:
     print(f"  plain Temporal activity (best) : {plain * 1000:8.2f} ms")
     print(f"  little_es adapter (best)       : {adapter * 1000:8.2f} ms")
     print(f"  ratio, median of pairs         : {ratio:8.3f}  (target <= 1.2: {verdict})")
+    figures.add(
+        f"Temporal adapter, one task step of {args.work_ms:g} ms of work (best of"
+        f" {args.repeat}; ratio: median of pairs)",
+        adapter * 1000,
+        "ms",
+        baseline=plain * 1000,
+        baseline_what="a plain Temporal activity doing the same work, same dev server",
+        ratio=ratio,
+    )
     print(
         "  (a step commits StepStarted, then StepCompleted; medians of 20 before / after:"
         f" {commit_before[0]:.2f} / {commit_after[0]:.2f} ms and"
@@ -235,6 +245,13 @@ async def _main(args: argparse.Namespace) -> None:
     growth = (large - small) / small
     verdict = "ok" if abs(growth) <= 0.1 else "MISSED"
     print(f"  200 vs 10 turns: {growth * 100:+.2f}%  (target within 10%: {verdict})")
+    figures.add(
+        "Temporal history of a run whose agent step takes 200 turns",
+        large,
+        "B",
+        baseline=small,
+        baseline_what="the same with 10 turns",
+    )
 
 
 def main() -> None:
@@ -249,7 +266,10 @@ def main() -> None:
     parser.add_argument(
         "--synchronous", choices=["full", "normal"], default="full", help="the world's fsync policy"
     )
-    asyncio.run(_main(parser.parse_args()))
+    add_json_option(parser)
+    args = parser.parse_args()
+    with reporting("bench_temporal", args.json) as figures:
+        asyncio.run(_main(args, figures))
 
 
 if __name__ == "__main__":

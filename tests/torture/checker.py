@@ -19,17 +19,25 @@ The checks (each failure is one :class:`Violation`):
    result events as the uninterrupted run's, and at least its write-ahead records;
 5. ``replay_run`` of every run and sub-run succeeds and two calls are equal;
 6. one more resume is a no-op: no event, no ledger line (checked by the driver with
-   :func:`event_counts`).
+   :func:`event_counts`);
+7. ``little verify`` holds: :func:`check_verify` (``verify_world`` of the run, its
+   sessions, sub-runs and artifacts) after every run, and :func:`check_verify_cli` (the
+   real ``little verify --all`` in a subprocess, every stream of the world) once per
+   torture invocation.
 
-Still to come, as the capabilities land: ``little verify`` (the integrity issue) on every
-run, the outer loop's cycles as items, and sub-runs driven by Temporal.
+Still to come, as the capabilities land: the outer loop's cycles as items, and sub-runs
+driven by Temporal.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from little_es import (
     LittleEsError,
@@ -44,6 +52,7 @@ from little_es import (
     ToolCallSucceeded,
     World,
     replay_run,
+    verify_world,
 )
 from tests.torture.ledger import Entry, Item, model_item, step_item, tool_item
 
@@ -171,6 +180,61 @@ def check_ledger(
         segments.setdefault(e.item, set()).add(e.segment)
     reexecuted = sum(len(s) - 1 for s in segments.values())
     return LedgerReport(violations, reexecuted)
+
+
+# ------------------------------------------------------------------ little verify
+
+VERIFY_TIMEOUT_S = 300.0
+"""Bound on ``little verify --all``: a world of a 1,000-kill torture is tens of thousands
+of rows, read in a few seconds; a hang is a violation, not a stuck suite."""
+
+
+def check_verify(world: World, run_id: str) -> list[Violation]:
+    """Check 7, per run: every stream and artifact of the run's tree holds."""
+    try:
+        report = verify_world(world, run_id)
+    except LittleEsError as exc:
+        return [Violation(run_id, f"little verify failed: {type(exc).__name__}: {exc}")]
+    found = [
+        Violation(run_id, f"little verify: {s.kind} {s.name} ({s.stream_id}): {s.problem}")
+        for s in report.streams
+        if s.problem is not None
+    ]
+    found.extend(
+        Violation(run_id, f"little verify: artifact {a.artifact_id} of {a.step_path}: {a.problem}")
+        for a in report.artifacts
+        if a.problem is not None
+    )
+    return found
+
+
+def check_verify_cli(world_url: str) -> list[Violation]:
+    """Check 7, once per torture invocation: the real ``little verify --all`` exits 0.
+
+    Run as a user would (a fresh interpreter, the CLI's own world URL parsing), so a
+    break that only the command sees (its rendering, its exit code) is caught too.
+    """
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LITTLE_ES_CRASH_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")]))
+    argv = [sys.executable, "-m", "little_es.cli", "verify", "--all", "--world", world_url]
+    try:
+        done = subprocess.run(
+            argv,
+            env=env,
+            cwd=repo,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=VERIFY_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return [Violation("<world>", f"little verify --all did not end in {VERIFY_TIMEOUT_S}s")]
+    if done.returncode == 0:
+        return []
+    tail = (done.stdout + done.stderr)[-4000:]
+    return [Violation("<world>", f"little verify --all exited {done.returncode}: {tail}")]
 
 
 # ------------------------------------------------------------------ the final state

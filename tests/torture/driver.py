@@ -36,6 +36,8 @@ from tests.torture.checker import (
     canonical_tree,
     check_final,
     check_ledger,
+    check_verify,
+    check_verify_cli,
     event_counts,
     log_facts,
     tree_run_ids,
@@ -423,6 +425,7 @@ class Torturer:
         report.reexecuted = checked.reexecuted
         images = canonical_tree(self.world, run_id, report.violations)
         report.violations.extend(check_final(run_id, images, self.reference))
+        report.violations.extend(check_verify(self.world, run_id))
         before = event_counts(self.world, run_ids)
         self._spawn(run_id, len(report.segments), None)
         after = event_counts(self.world, tree_run_ids(self.world, run_id))
@@ -523,6 +526,9 @@ def torture(
                 report = torturer.run(f"{prefix}-r{i:04d}", plan)
                 summary.add(report)
                 _log(log, report)
+            # Once per invocation (a fresh interpreter costs a second or two): every
+            # stream of the world, the reference and probe runs included.
+            summary.violations.extend(str(v) for v in check_verify_cli(world_url))
         finally:
             torturer.close()
     summary.seconds = time.monotonic() - started

@@ -5,12 +5,23 @@ The long version: ``python -m tests.torture --kills 1000 --world URL``.
 
 from __future__ import annotations
 
+import sqlite3
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.torture.checker import LogFacts, RunImage, check_final, check_ledger
+from little_es import Workflow, World, run_workflow, task
+from little_es.ids import run_stream_id
+from tests.torture.checker import (
+    LogFacts,
+    RunImage,
+    check_final,
+    check_ledger,
+    check_verify,
+    check_verify_cli,
+)
 from tests.torture.child import BUG_ENV, RERUN_COMPLETED
 from tests.torture.driver import (
     AppendsKill,
@@ -94,7 +105,8 @@ def test_checker_flags_a_rerun_of_a_completed_step(world_spec: WorldSpec, tmp_pa
     rerun = f"step torture-bug {BUGGY_STEP} #1 was committed when process 0 was killed"
     assert any(m.startswith(rerun) for m in messages), messages
     assert "one more resume executed something" in messages
-    # Nothing else is wrong with the run: the checker names what the bug did, only that.
+    # Nothing else is wrong with the run (its chains verify): the checker names what the
+    # bug did, only that.
     assert all(m.startswith(rerun) or m == "one more resume executed something" for m in messages)
 
 
@@ -144,3 +156,37 @@ def test_checker_flags_a_different_final_state() -> None:
         "<run>: result events {'StepCompleted': 3} != uninterrupted {'StepCompleted': 2}",
         "<run>: fewer write-ahead records than uninterrupted: {'StepStarted': (0, 2)}",
     ]
+
+
+@pytest.mark.backends("sqlite", "postgres")
+async def test_checker_flags_a_run_that_does_not_verify(
+    world_spec: WorldSpec, world: World, world_factory: Callable[[], World]
+) -> None:
+    """Check 7: an edited row is a violation of the run's check and of ``little verify --all``."""
+    wf = Workflow("verified", steps=[task("a", lambda ctx: 1), task("b", lambda ctx: 2)])
+    await run_workflow(world, wf, {}, run_id="run_verified")
+    assert check_verify(world, "run_verified") == []
+    assert check_verify_cli(world_spec.url) == []
+
+    # One payload byte changed behind the library's back, as a damaged disk would.
+    stream = run_stream_id("run_verified")
+    pg = world_spec.backend == "postgres"
+    table, mark = ("littlees_events", "%s") if pg else ("stored_events", "?")
+    where = f"originator_id = {mark} AND originator_version = 2"
+    key = stream if pg else stream.hex
+    if pg:
+        conn: Any = world_spec.connect_postgres()
+    else:
+        assert world_spec.data_dir is not None
+        conn = sqlite3.connect(world_spec.data_dir / "events.sqlite3", isolation_level=None)
+    try:
+        (state,) = conn.execute(f"SELECT state FROM {table} WHERE {where}", (key,)).fetchone()
+        edited = bytearray(state)
+        edited[-3] ^= 1
+        conn.execute(f"UPDATE {table} SET state = {mark} WHERE {where}", (bytes(edited), key))
+    finally:
+        conn.close()
+    found = check_verify(world_factory(), "run_verified")
+    assert len(found) == 1 and found[0].what.startswith("little verify: run run_verified"), found
+    cli = check_verify_cli(world_spec.url)
+    assert len(cli) == 1 and cli[0].what.startswith("little verify --all exited 1"), cli
