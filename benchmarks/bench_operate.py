@@ -29,6 +29,7 @@ import time
 import uuid
 from pathlib import Path
 
+from benchmarks.figures import Figures, add_json_option, reporting
 from little_es import Workflow, local_world, postgres_world, run_tree_totals, run_workflow, task
 from little_es.durability import RunRecorder
 from little_es.world import World
@@ -47,7 +48,9 @@ def _tree(world: World, sub_runs: int) -> str:
     return "bench_root"
 
 
-def _measure(world: World, label: str, checks: int, repeats: int, sub_runs: int) -> None:
+def _measure(
+    world: World, label: str, checks: int, repeats: int, sub_runs: int, figures: Figures
+) -> None:
     run_id = _tree(world, sub_runs)
     recorder = RunRecorder.load(world, run_id)
     assert recorder is not None
@@ -62,11 +65,14 @@ def _measure(world: World, label: str, checks: int, repeats: int, sub_runs: int)
         start = time.perf_counter()
         run_tree_totals(world, run_id)
         totals.append(time.perf_counter() - start)
+    check_us = statistics.median(batches) * 1e6
+    totals_ms = statistics.median(totals) * 1e3
     print(
-        f"{label:10} cancel check {statistics.median(batches) * 1e6:7.1f} µs"
-        f" · run_tree_totals of a run with {sub_runs} sub-runs"
-        f" {statistics.median(totals) * 1e3:7.1f} ms"
+        f"{label:10} cancel check {check_us:7.1f} µs"
+        f" · run_tree_totals of a run with {sub_runs} sub-runs {totals_ms:7.1f} ms"
     )
+    figures.add(f"{label}: cancel check before a call (median)", check_us, "µs")
+    figures.add(f"{label}: run_tree_totals of a run with {sub_runs} sub-runs", totals_ms, "ms")
 
 
 def main() -> None:
@@ -75,11 +81,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--sub-runs", type=int, default=100)
     parser.add_argument("--postgres", default="postgresql://postgres@127.0.0.1:5432/test")
+    add_json_option(parser)
     args = parser.parse_args()
+    with reporting("bench_operate", args.json) as figures:
+        _main(args, figures)
+
+
+def _main(args: argparse.Namespace, figures: Figures) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench_operate_"))
     try:
         with local_world(tmp / "world") as world:
-            _measure(world, "SQLite", args.checks, args.repeats, args.sub_runs)
+            _measure(world, "SQLite", args.checks, args.repeats, args.sub_runs, figures)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if not args.postgres:
@@ -91,7 +103,7 @@ def main() -> None:
         conn.execute(f"CREATE SCHEMA {schema}")
     try:
         with postgres_world(args.postgres, schema=schema) as world:
-            _measure(world, "PostgreSQL", args.checks, args.repeats, args.sub_runs)
+            _measure(world, "PostgreSQL", args.checks, args.repeats, args.sub_runs, figures)
     finally:
         with psycopg.connect(args.postgres, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA {schema} CASCADE")

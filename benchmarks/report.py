@@ -39,6 +39,7 @@ QUICK: dict[str, list[str]] = {
     "bench_concurrency": ["--steps", "25"],
     "bench_harness": ["--turns", "10", "--repeats", "3"],
     "bench_leases": ["--checks", "500", "--repeats", "5"],
+    "bench_operate": ["--checks", "500", "--repeats", "3", "--sub-runs", "20"],
     "bench_orchestrator": ["--sizes", "50,200", "--repeat", "2"],
     "bench_replay": ["--events", "20000", "--repeat", "3"],
     "bench_runtime": ["--steps", "300", "--repeat", "2"],
