@@ -54,7 +54,14 @@ async def cancel_on_temporal(
 ) -> RunCancelled | None:
     """``little cancel RUN_ID --temporal ADDRESS``: :func:`~little_es_temporal.cancel_run`."""
     client = await _connect(address, namespace)
-    return await cancel_run(client, world, run_id, reason=reason)
+    try:
+        return await cancel_run(client, world, run_id, reason=reason)
+    finally:
+        # The SDK's core thread may still call back into Python just after the
+        # last RPC; a command that exits at once can abort in interpreter
+        # finalization (PyGILState_Release), so give it a moment first.
+        del client
+        await asyncio.sleep(0.2)
 
 
 def register(app: typer.Typer) -> None:
