@@ -49,6 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.figures import add_json_option, reporting  # noqa: E402
+from little_es import open_world  # noqa: E402
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 RACE_PROC = REPO / "tests" / "_race_proc.py"
@@ -74,7 +75,13 @@ def _throughput(children: list[dict[str, Any]], steps: int) -> dict[str, float]:
 
 
 def run_little_es(world_url: str, writers: int, steps: int, workdir: Path) -> dict[str, float]:
-    """N writer processes of ``tests/_race_proc.py write``; their steps/s."""
+    """N writer processes of ``tests/_race_proc.py write``; their steps/s.
+
+    The world is created first, by this process: what is measured is appending, not
+    several processes creating one world at once.
+    """
+    with open_world(world_url):
+        pass
     argv = [sys.executable, str(RACE_PROC), "write", "--world", world_url, "--dir", str(workdir)]
     argv += ["--procs", str(writers), "--steps", str(steps), "--timeout", str(TIMEOUT_S)]
     done = subprocess.run(
