@@ -22,7 +22,7 @@ from pydantic_core import PydanticSerializationError
 
 from little_es._strict import check_snapshot_payload, check_stored_payload
 from little_es.chain import unframe
-from little_es.errors import EventPayloadError, UnknownEventTypeError
+from little_es.errors import EventPayloadError, UnknownEventTypeError, UnstorableEventError
 from little_es.events import Event, Snapshot, event_class_for
 
 # A set, not a frozenset: pydantic's ``exclude`` is typed as set or mapping.
@@ -80,7 +80,14 @@ class PydanticMapper(Mapper[UUID]):
         The state is the bare payload, without the chain frame that
         :meth:`little_es.world.World.save` puts around it.
         """
-        event = cast(Event, domain_event)
+        if not isinstance(domain_event, Event):
+            raise UnstorableEventError(
+                f"cannot store {type(domain_event).__module__}.{type(domain_event).__qualname__}:"
+                " a world stores little_es events only; define it as a subclass of"
+                " little_es.events.RunEvent (or Event) with a wire_name, or save it with the"
+                " application it belongs to"
+            )
+        event = domain_event
         topic, data = self.encode_payload(event)
         return StoredEvent(
             originator_id=event.originator_id,
@@ -93,7 +100,7 @@ class PydanticMapper(Mapper[UUID]):
         """An event's topic (its wire name) and payload bytes."""
         wire_name = type(event).wire_name
         if not wire_name:
-            raise TypeError(
+            raise UnstorableEventError(
                 f"{type(event).__qualname__} has no wire_name: set"
                 ' `wire_name: ClassVar[str] = "..."` on the class to make it storable'
             )

@@ -14,6 +14,7 @@ handle a family::
     ├── SessionInputError (ValueError)       an unusable agent-session argument
     ├── ModelConfigError (ValueError)        a model built with invalid arguments
     ├── OutputNotSerializableError (TypeError)  a step output that is not JSON
+    ├── UnstorableEventError (TypeError)     not a little_es event, or one with no wire name
     ├── EventLogError                        a stored event cannot be read
     │   ├── UnknownEventTypeError (LookupError)
     │   └── EventPayloadError (ValueError)
@@ -112,6 +113,15 @@ class ModelConfigError(LittleEsError, ValueError):
 
 class OutputNotSerializableError(LittleEsError, TypeError):
     """A step returned a value that cannot be stored as JSON."""
+
+
+class UnstorableEventError(LittleEsError, TypeError):
+    """The world's mapper was given an event it cannot store.
+
+    Not a :class:`little_es.events.Event` (an eventsourcing ``DomainEvent`` of
+    another application, say), or an ``Event`` subclass without a
+    ``wire_name``: a world stores its own events only, each under its wire name.
+    """
 
 
 # -------------------------------------------------------- the stored log

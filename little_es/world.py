@@ -37,7 +37,7 @@ from uuid import UUID, uuid4
 
 from eventsourcing.application import Application
 from eventsourcing.persistence import IntegrityError, StoredEvent
-from eventsourcing.utils import get_topic
+from eventsourcing.utils import Environment, EnvType, get_topic
 
 from little_es.backends.base import Backend, Lease, check_leases
 from little_es.backends.memory import MemoryBackend
@@ -110,6 +110,63 @@ from a snapshot measured no faster than from the events themselves.
 """
 
 
+EVENTSOURCING_VARIABLES = frozenset(
+    {
+        # eventsourcing.application.Application
+        "AGGREGATE_CACHE_MAXSIZE",
+        "AGGREGATE_CACHE_FASTFORWARD",
+        "AGGREGATE_CACHE_FASTFORWARD_SKIPPING",
+        "DEEPCOPY_FROM_AGGREGATE_CACHE",
+        "IS_SNAPSHOTTING_ENABLED",
+        # eventsourcing.persistence: the factory, codec and recorder classes
+        "PERSISTENCE_MODULE",
+        "INFRASTRUCTURE_FACTORY",
+        "FACTORY_TOPIC",
+        "MAPPER_TOPIC",
+        "TRANSCODER_TOPIC",
+        "CIPHER_TOPIC",
+        "CIPHER_KEY",
+        "COMPRESSOR_TOPIC",
+        "APPLICATION_RECORDER_TOPIC",
+        "TRACKING_RECORDER_TOPIC",
+        "PROCESS_RECORDER_TOPIC",
+        "CREATE_TABLE",
+        "SINGLE_ROW_TRACKING",
+        "ORIGINATOR_ID_TYPE",
+        # eventsourcing.sqlite
+        "SQLITE_DBNAME",
+        "SQLITE_LOCK_TIMEOUT",
+        # eventsourcing.postgres
+        "POSTGRES_DBNAME",
+        "POSTGRES_HOST",
+        "POSTGRES_PORT",
+        "POSTGRES_USER",
+        "POSTGRES_PASSWORD",
+        "POSTGRES_GET_PASSWORD_TOPIC",
+        "POSTGRES_CONNECT_TIMEOUT",
+        "POSTGRES_CONN_MAX_AGE",
+        "POSTGRES_PRE_PING",
+        "POSTGRES_MAX_WAITING",
+        "POSTGRES_LOCK_TIMEOUT",
+        "POSTGRES_POOL_SIZE",
+        "POSTGRES_MAX_OVERFLOW",
+        "POSTGRES_IDLE_IN_TRANSACTION_SESSION_TIMEOUT",
+        "POSTGRES_SCHEMA",
+        "POSTGRES_ENABLE_DB_FUNCTIONS",
+    }
+)
+"""The settings eventsourcing reads from an application's environment (9.5's source).
+
+eventsourcing merges ``os.environ`` over every application's settings, and
+reads each one first as ``{APP NAME}_{SETTING}``. A world's application does
+not read the process environment at all (:meth:`LittleApplication.construct_env`):
+a team that configures its own eventsourcing applications with these
+variables in the same process changes nothing of a world (its database, its
+codec, its commit policy). Spelt for the world's application
+(``LITTLEES_...``), they are refused by name instead of ignored.
+"""
+
+
 class LittleApplication(Application[UUID]):
     """The eventsourcing Application behind every world (pydantic mapper, orjson bytes)."""
 
@@ -123,6 +180,36 @@ class LittleApplication(Application[UUID]):
     snapshot_class = Snapshot
     snapshotting_intervals: ClassVar[dict[type[Any], int]] = {Run: RUN_SNAPSHOT_INTERVAL}
     """First snapshot version per aggregate class; later ones double it (World.save)."""
+
+    def construct_env(self, name: str, env: EnvType | None = None) -> Environment:
+        """The class's settings and the backend's (``env``), never the process environment.
+
+        eventsourcing's own merges ``os.environ`` in between, so a
+        ``TRANSCODER_TOPIC``, ``CIPHER_KEY``, ``POSTGRES_ENABLE_DB_FUNCTIONS``
+        or ``SQLITE_DBNAME`` meant for another application of the process
+        would change this world's codec, commit policy or database. Raises
+        :class:`~little_es.errors.WorldConfigError` for a setting spelt for
+        this application (``LITTLEES_TRANSCODER_TOPIC``...), which can only
+        have been meant for it.
+        """
+        prefix = name.upper() + "_"
+        aimed = sorted(
+            key
+            for key in os.environ
+            if key.startswith(prefix) and key[len(prefix) :] in EVENTSOURCING_VARIABLES
+        )
+        if aimed:
+            raise WorldConfigError(
+                f"the environment sets {', '.join(aimed)}: eventsourcing settings of little_es's"
+                " own application, which a world does not take from the environment (its"
+                " database, codec and commit policy are little_es's); unset"
+                f" {'it' if len(aimed) == 1 else 'them'} and choose the world with its URL"
+                " (sqlite:///dir, postgresql://..., memory://)"
+            )
+        settings = dict(type(self).env)
+        settings["IS_SNAPSHOTTING_ENABLED"] = "y"
+        settings.update(env or {})
+        return Environment(name, settings)
 
 
 @contextmanager

@@ -10,6 +10,7 @@ PostgreSQL cases are skipped when the server does not answer, and fail under
 
 from __future__ import annotations
 
+import functools
 import re
 import sqlite3
 import tempfile
@@ -28,6 +29,7 @@ from eventsourcing.persistence import (
     ProcessRecorder,
     TrackingRecorder,
 )
+from eventsourcing.popo import POPOAggregateRecorder, POPOProcessRecorder, POPOTrackingRecorder
 from eventsourcing.postgres import (
     PostgresAggregateRecorder,
     PostgresProcessRecorder,
@@ -42,7 +44,11 @@ from eventsourcing.tests import persistence
 from eventsourcing.utils import Environment, get_topic
 from psycopg import sql
 
-from little_es.backends.memory import MemoryArtifactStore
+from little_es.backends.memory import (
+    LittlePOPOApplicationRecorder,
+    LittlePOPOFactory,
+    MemoryArtifactStore,
+)
 from little_es.backends.postgres import LittlePostgresApplicationRecorder, LittlePostgresFactory
 from little_es.backends.sqlite import (
     SYNCHRONOUS_ENV,
@@ -97,6 +103,45 @@ class TestMemorySnapshotRecorder(MemoryStorage, conformance.SnapshotRecorderTest
 
 class TestMemoryRunsView(MemoryStorage, conformance.RunsViewTestCase):
     pass
+
+
+class TestMemoryProcessRecorder(MemoryStorage, conformance.ProcessRecorderTestCase):
+    pass
+
+
+class TestMemoryExampleApplication(MemoryStorage, conformance.ExampleApplicationTestCase):
+    pass
+
+
+class _POPOTrackingSubclass(POPOTrackingRecorder):
+    pass
+
+
+class TestMemoryFactory(persistence.InfrastructureFactoryTestCase[LittlePOPOFactory]):
+    """eventsourcing's factory case on little_es's in-memory factory (stream heads)."""
+
+    def setUp(self) -> None:
+        self.env = Environment("TestCase")
+        self.env["PERSISTENCE_MODULE"] = get_topic(LittlePOPOFactory)
+        super().setUp()
+
+    def expected_factory_class(self) -> type[LittlePOPOFactory]:
+        return LittlePOPOFactory
+
+    def expected_aggregate_recorder_class(self) -> type[AggregateRecorder]:
+        return POPOAggregateRecorder
+
+    def expected_application_recorder_class(self) -> type[ApplicationRecorder]:
+        return LittlePOPOApplicationRecorder
+
+    def expected_tracking_recorder_class(self) -> type[TrackingRecorder]:
+        return POPOTrackingRecorder
+
+    def tracking_recorder_subclass(self) -> type[TrackingRecorder]:
+        return _POPOTrackingSubclass
+
+    def expected_process_recorder_class(self) -> type[ProcessRecorder]:
+        return POPOProcessRecorder
 
 
 # ------------------------------------------------------------------------ SQLite
@@ -156,6 +201,14 @@ class TestSQLiteSnapshotRecorder(SQLiteStorage, conformance.SnapshotRecorderTest
 
 
 class TestSQLiteRunsView(SQLiteStorage, conformance.RunsViewTestCase):
+    pass
+
+
+class TestSQLiteProcessRecorder(SQLiteStorage, conformance.ProcessRecorderTestCase):
+    pass
+
+
+class TestSQLiteExampleApplication(SQLiteStorage, conformance.ExampleApplicationTestCase):
     pass
 
 
@@ -324,6 +377,74 @@ class TestPostgresSnapshotRecorder(PostgresStorage, conformance.SnapshotRecorder
 @pytest.mark.postgres
 class TestPostgresRunsView(PostgresStorage, conformance.RunsViewTestCase):
     pass
+
+
+@pytest.mark.postgres
+class TestPostgresProcessRecorder(PostgresStorage, conformance.ProcessRecorderTestCase):
+    pass
+
+
+@pytest.mark.postgres
+class TestPostgresExampleApplication(PostgresStorage, conformance.ExampleApplicationTestCase):
+    pass
+
+
+# eventsourcing's database-function mode (POSTGRES_ENABLE_DB_FUNCTIONS): a World does
+# not take it from the environment, but the recorder of its factory keeps little_es's
+# commit policy and heads in that mode too, for an application that sets it.
+
+
+def _postgres_factory_env(dsn: str, schema: str) -> dict[str, str]:
+    parts = urlsplit(dsn)
+    return {
+        "PERSISTENCE_MODULE": get_topic(LittlePostgresFactory),
+        "POSTGRES_DBNAME": parts.path.lstrip("/"),
+        "POSTGRES_HOST": parts.hostname or "127.0.0.1",
+        "POSTGRES_PORT": str(parts.port or 5432),
+        "POSTGRES_USER": parts.username or "postgres",
+        "POSTGRES_PASSWORD": parts.password or "",
+        "POSTGRES_SCHEMA": schema,
+        "POSTGRES_ENABLE_DB_FUNCTIONS": "y",
+    }
+
+
+class _DbFunctionsRecorder(PostgresStorage):
+    """The recorder of a factory in database-function mode (a mixin of the cases below)."""
+
+    durable: bool
+
+    def create_recorder(self) -> ApplicationRecorder:
+        factory = LittlePostgresFactory(
+            Environment("LittleEs", _postgres_factory_env(self.dsn, self.schema))
+        )
+        self.addCleanup(factory.close)
+        recorder = factory.application_recorder()
+        assert isinstance(recorder, LittlePostgresApplicationRecorder)
+        assert recorder.datastore.enable_db_functions
+        if not self.durable:
+            insert = functools.partial(recorder.insert_events, durable=False)
+            self.enterContext(mock.patch.object(recorder, "insert_events", insert))
+        return recorder
+
+
+@pytest.mark.postgres
+class TestPostgresDbFunctionsEventRecorder(_DbFunctionsRecorder, conformance.EventRecorderTestCase):
+    pass
+
+
+@pytest.mark.postgres
+class TestPostgresDbFunctionsWriteAheadEventRecorder(
+    _DbFunctionsRecorder, conformance.WriteAheadEventRecorderTestCase
+):
+    pass
+
+
+@pytest.mark.postgres
+class TestPostgresDbFunctionsExampleApplication(
+    PostgresStorage, conformance.ExampleApplicationTestCase
+):
+    def example_env(self) -> dict[str, str]:
+        return _postgres_factory_env(self.dsn, self.schema)
 
 
 class _PostgresTrackingSubclass(PostgresTrackingRecorder):

@@ -29,14 +29,14 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-from eventsourcing.persistence import StoredEvent, Tracking
+from eventsourcing.persistence import InterfaceError, OperationalError, StoredEvent, Tracking
 from eventsourcing.postgres import (
     PostgresApplicationRecorder,
     PostgresDatastore,
     PostgresFactory,
     PostgresTrackingRecorder,
 )
-from eventsourcing.utils import get_topic
+from eventsourcing.utils import get_topic, retry
 from psycopg import Cursor
 from psycopg.rows import DictRow, tuple_row
 from psycopg.sql import SQL, Identifier
@@ -230,12 +230,7 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
         **kwargs: Any,
     ) -> None:
         super()._insert_stored_events(curs, stored_events, **kwargs)
-        if heads:
-            # Lists: psycopg sends a list as an array, a tuple as a record.
-            columns = [list(column) for column in zip(*heads.values(), strict=True)]
-            # Another cursor: eventsourcing reads the notification ids from this one's result.
-            with curs.connection.cursor() as heads_cursor:
-                heads_cursor.execute(self.upsert_heads_statement, (list(heads), *columns))
+        self._upsert_heads(curs, heads)
 
     def _insert_events(
         self,
@@ -249,6 +244,56 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
         if not durable:
             curs.execute("SET LOCAL synchronous_commit TO OFF")
         super()._insert_events(curs, stored_events, **kwargs)
+
+    def insert_events(
+        self, stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> Sequence[int] | None:
+        """eventsourcing's insert; with ``POSTGRES_ENABLE_DB_FUNCTIONS``, the same policy.
+
+        eventsourcing's database-function path calls its insert function in
+        autocommit, outside the transaction and the hooks above: every commit
+        would wait for the flush, the heads would not move, and without the
+        table lock a reader of notifications (the runs projection) could pass
+        over rows that commit later with lower ids. Here the function runs in
+        a transaction of its own with all three.
+        """
+        ids: Sequence[int] | None
+        if not self.datastore.enable_db_functions:
+            ids = super().insert_events(stored_events, **kwargs)
+        else:
+            ids = self._insert_through_function(stored_events, **kwargs)
+        return ids
+
+    @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
+    def _insert_through_function(
+        self, stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> Sequence[int]:
+        # As eventsourcing's own insert is retried: a dropped connection is tried again.
+        rows = [
+            self.construct_pg_stored_event(e.originator_id, e.originator_version, e.topic, e.state)
+            for e in stored_events
+        ]
+        with (
+            self.datastore.get_connection() as conn,
+            conn.transaction(),
+            conn.cursor() as curs,
+        ):
+            self._insert_events(curs, stored_events, **kwargs)
+            if not rows:
+                return []
+            self._lock_table(curs)
+            curs.execute(self.sql_invoke_pg_function_insert_events, (rows,), prepare=True)
+            ids = [r[self.pg_function_name_insert_events] for r in curs.fetchall()]
+            self._upsert_heads(curs, kwargs.get("heads"))
+        return ids
+
+    def _upsert_heads(self, curs: Cursor[DictRow], heads: Mapping[UUID, Head] | None) -> None:
+        if heads:
+            # Lists: psycopg sends a list as an array, a tuple as a record.
+            columns = [list(column) for column in zip(*heads.values(), strict=True)]
+            # Another cursor: eventsourcing reads the notification ids from this one's result.
+            with curs.connection.cursor() as heads_cursor:
+                heads_cursor.execute(self.upsert_heads_statement, (list(heads), *columns))
 
 
 class LittlePostgresFactory(PostgresFactory):

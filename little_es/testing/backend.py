@@ -10,8 +10,12 @@ A backend (:mod:`little_es.backends`) passes these cases:
 * eventsourcing's own recorder cases (:mod:`eventsourcing.tests.persistence`)
   run on the World's recorders: :class:`EventRecorderTestCase` (and
   :class:`WriteAheadEventRecorderTestCase`, the same with every insert
-  ``durable=False``), :class:`SnapshotRecorderTestCase` and
-  :class:`RunsViewTestCase` (the runs read model is a tracking recorder).
+  ``durable=False``), :class:`SnapshotRecorderTestCase`,
+  :class:`RunsViewTestCase` (the runs read model is a tracking recorder) and
+  :class:`ProcessRecorderTestCase` (the process recorder the World's factory
+  makes);
+* eventsourcing's example application (:mod:`eventsourcing.tests.application`)
+  on the World's factory: :class:`ExampleApplicationTestCase`.
 
 They are :class:`unittest.TestCase` classes, like eventsourcing's: they run
 under ``unittest`` and pytest alike, need no test runner that little_es does
@@ -62,8 +66,13 @@ from typing import Any, ClassVar
 from unittest import TestCase, mock
 from uuid import UUID
 
-from eventsourcing.persistence import AggregateRecorder, ApplicationRecorder, TrackingRecorder
-from eventsourcing.tests import persistence
+from eventsourcing.persistence import (
+    AggregateRecorder,
+    ApplicationRecorder,
+    ProcessRecorder,
+    TrackingRecorder,
+)
+from eventsourcing.tests import application, persistence
 
 from little_es.backends.base import check_leases
 from little_es.domain import HarnessSession, Run
@@ -102,6 +111,8 @@ from little_es.world import LittleApplication, World
 __all__ = [
     "BackendTestCase",
     "EventRecorderTestCase",
+    "ExampleApplicationTestCase",
+    "ProcessRecorderTestCase",
     "RunsViewTestCase",
     "SnapshotRecorderTestCase",
     "WorldTestCase",
@@ -1042,3 +1053,42 @@ class RunsViewTestCase(persistence.TrackingRecorderTestCase, WorldTestCase):
     def create_recorder(self) -> TrackingRecorder:
         """The runs view of a new World on this test's storage."""
         return self.open_world().backend.runs_view()
+
+
+class ProcessRecorderTestCase(persistence.ProcessRecorderTestCase, WorldTestCase):
+    """eventsourcing's process recorder case, on the process recorder of the World's factory.
+
+    A World writes no tracked events itself; the factory a backend gives it
+    makes process recorders for eventsourcing applications that use it (with
+    the backend's connections and commit policy), and they must hold too.
+    """
+
+    def create_recorder(self) -> ProcessRecorder:
+        """A process recorder of the factory of a new World on this test's storage."""
+        return self.open_world().app.factory.process_recorder()
+
+
+_CODEC_SETTINGS = frozenset({"MAPPER_TOPIC", "TRANSCODER_TOPIC", "IS_SNAPSHOTTING_ENABLED"})
+
+
+class ExampleApplicationTestCase(application.ExampleApplicationTestCase, WorldTestCase):
+    """eventsourcing's example application (bank accounts) with ``PERSISTENCE_MODULE`` set to
+    the World's factory, and that factory's other settings, in the process environment.
+
+    It keeps its own codec (eventsourcing's JSON transcoder): what is tried is
+    the factory, its recorders and their commit policy under an application
+    that is not little_es's.
+    """
+
+    def example_env(self) -> dict[str, str]:
+        """The environment of the example application: the World's factory settings."""
+        world = self.open_world()
+        return {k: v for k, v in world.app.env.items() if k not in _CODEC_SETTINGS}
+
+    def test_example_application(self) -> None:
+        """eventsourcing's test, with the factory settings in ``os.environ`` (read from there)."""
+        env = self.example_env()
+        self.expected_factory_topic = env["PERSISTENCE_MODULE"]
+        self.assertTrue(self.expected_factory_topic.startswith("little_es."), env)
+        with mock.patch.dict(os.environ, env):
+            super().test_example_application()
