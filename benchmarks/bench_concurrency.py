@@ -303,16 +303,16 @@ def main(argv: list[str] | None = None) -> int:
                     f" {_span(ours):>15} | {floor['total']:13,.0f} {_span(floor):>15} |"
                     f" {ratio:5.2f}"
                 )
+                procs = f"{n} process{'es' if n > 1 else ''}"
                 figures.add(
-                    f"{backend}: {n} writer process(es) at once, each its own run of"
-                    f" {args.steps} trivial task steps: total (per process"
-                    f" {_span(ours)})",
+                    f"{backend}: {procs} at once, each driving its own run of {args.steps}"
+                    f" trivial task steps: in total (each process: {_span(ours)} steps/s)",
                     ours["total"],
                     "steps/s",
                     baseline=floor["total"],
                     baseline_what=(
-                        f"{n} process(es) doing the same commits as plain INSERTs of rows of"
-                        f" the same size ({sizes['StepStarted']} B not fsynced,"
+                        f"{procs} making the same commits of plain INSERTs of rows of the same"
+                        f" size ({sizes['StepStarted']} B not fsynced,"
                         f" {sizes['StepCompleted']} B fsynced)"
                     ),
                 )

@@ -102,8 +102,7 @@ def run_benchmark(name: str, args: Sequence[str], *, log: bool = True) -> Result
             cwd=REPO,
             env=_env(),
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=None if log else subprocess.PIPE,
+            capture_output=True,
             text=True,
             timeout=BENCH_TIMEOUT_S,
             check=False,
@@ -111,9 +110,10 @@ def run_benchmark(name: str, args: Sequence[str], *, log: bool = True) -> Result
     except subprocess.TimeoutExpired:
         return Result(name, command, None, f"did not end within {BENCH_TIMEOUT_S:.0f} s")
     if log:
+        sys.stderr.write(done.stderr)
         print(f"  {name}: {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     if done.returncode != 0:
-        said = (done.stderr or "").strip().splitlines()[-1:] or ["its output is above"]
+        said = done.stderr.strip().splitlines()[-1:] or ["no output"]
         return Result(name, command, None, f"exit code {done.returncode}: {said[0]}")
     try:
         return Result(name, command, parse(done.stdout))
