@@ -31,6 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("orchestrator",),
     ("replay", "projections", "verify", "diff"),
     ("render",),
+    ("ui", "ui.*"),
     ("cli", "cli.*"),
     ("testing", "testing.*", "contrib", "contrib.*"),
 )

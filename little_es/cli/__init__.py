@@ -10,6 +10,8 @@ plugins' in :func:`_register_plugins`:
   (:mod:`little_es.cli.operate`);
 * ``little unlock`` - who holds a run's lease; ``--force`` takes it from a
   stuck holder (:mod:`little_es.cli.unlock`);
+* ``little ui`` - a local, read-only web page of the world's runs (the ``ui`` extra,
+  :mod:`little_es.ui`);
 * ``little prices set | list`` - model prices recorded in the world
   (:mod:`little_es.cli.prices`);
 * commands of optional extras, found through the entry point group
@@ -42,7 +44,7 @@ from eventsourcing.persistence import PersistenceError
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from little_es.cli import inspection, operate, prices, run, unlock
+from little_es.cli import inspection, operate, prices, run, ui, unlock
 from little_es.errors import LittleEsError
 
 __all__ = ["OPTIONAL_COMMANDS", "PLUGIN_GROUP", "app"]
@@ -160,6 +162,7 @@ def _register(app: typer.Typer) -> None:
     app.command("cancel")(operate.cancel_command)
     app.command("diff")(operate.diff_command)
     app.command("unlock")(unlock.unlock_command)
+    app.command("ui")(ui.ui_command)
     app.add_typer(prices.prices_app, name="prices")
 
 

@@ -1,0 +1,236 @@
+"""``little ui`` in a real browser: Debian's Chromium, headless, driven by Playwright.
+
+The world holds the kill-and-resume example's run: its child process is killed by
+SIGKILL in the planner's third model call (as ``examples/kill_resume.py`` does), the
+page is opened on the killed run, and the run is resumed while the page is open, so
+the live view has to follow it to the end without a reload. A second run carries
+HTML in its input, which must be shown as text and never run.
+
+Chromium is ``/usr/bin/chromium`` (``.ci/run`` installs it); without it the browser
+test is skipped, except under ``CI=true`` where it fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import uvicorn
+
+from little_es import local_world, run_workflow
+from little_es.ui import create_app
+from little_es.world import World
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "kill_resume.py"
+CHROMIUM = Path("/usr/bin/chromium")
+XSS = '<img src=x onerror="window.__xss=1"><script>window.__xss=2</script>'
+
+
+def _example() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("kill_resume_example", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("LITTLE_ES_CRASH_")}
+
+
+@pytest.fixture
+def killed_world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, ModuleType]:
+    """A world whose ``run_triage_42`` was killed mid agent step, and a finished run of HTML."""
+    world_dir = tmp_path / "world"
+    monkeypatch.setenv("TRIAGE_LEDGER", str(tmp_path / "ledger.txt"))
+    example = _example()
+    with local_world(world_dir) as world:
+        world.set_model_price("scripted", "planner-1", input_per_mtok=3.0, output_per_mtok=15.0)
+        asyncio.run(run_workflow(world, example.triage, {"ticket": XSS}, run_id="run_html"))
+    child = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--child", str(world_dir)],
+        env={**_env(), "LITTLE_ES_CRASH_AFTER_EVENT": "harness.model.called:turn=3"},
+        check=False,
+        timeout=60,
+    )
+    assert child.returncode == -9, "the child was to be killed by SIGKILL mid agent step"
+    return world_dir, example
+
+
+@pytest.fixture
+def server(killed_world: tuple[Path, ModuleType]) -> Iterator[tuple[str, World]]:
+    """The app served by uvicorn in a thread on a free port; stopped (and joined) after."""
+    world = local_world(killed_world[0])
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(create_app(world), log_level="warning", access_log=False))
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not srv.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}", world
+    finally:
+        srv.should_exit = True
+        thread.join(10)
+        sock.close()
+        world.close()
+        assert not thread.is_alive()
+
+
+def _chromium() -> str:
+    if not CHROMIUM.exists():
+        reason = f"{CHROMIUM} is missing: apt-get install -y chromium (.ci/run does)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return str(CHROMIUM)
+
+
+def test_the_ui_in_chromium(
+    server: tuple[str, World], killed_world: tuple[Path, ModuleType], tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    executable = _chromium()
+    base, _ = server
+    world_dir = killed_world[0]
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+
+            # The runs list: the killed run still says running; the filters pick runs out.
+            page.goto(base + "/")
+            killed = page.locator('tr.run[data-run-id="run_triage_42"]')
+            expect(killed).to_contain_text("triage v1")
+            expect(killed.locator(".badge")).to_have_text("running")
+            expect(page.locator('tr.run[data-run-id="run_html"] .badge')).to_have_text("completed")
+            page.goto(base + "/?status=failed")
+            expect(page.locator("tr.run")).to_have_count(0)
+            page.goto(base + "/?status=running")
+            expect(page.locator("tr.run")).to_have_count(1)
+
+            # The killed run's page: fetch done, the planner stopped in turn 3.
+            page.click('a[href="/runs/run_triage_42"]')
+            expect(page.locator("h1")).to_have_text("run run_triage_42")
+            attempts = page.locator("#timeline tr.attempt")
+            expect(attempts.nth(0)).to_have_attribute("data-outcome", "completed")
+            expect(page.locator('tr.attempt[data-step="plan"]')).to_have_attribute(
+                "data-outcome", "running"
+            )
+            turns = page.locator('section.session[data-step="plan"] tr.turn')
+            expect(turns).to_have_count(3)
+            expect(turns.nth(2)).to_contain_text("(no answer recorded)")
+            page.evaluate("window.__same_page = true")
+
+            # Resumed by another process while the page is open (the example's child again,
+            # without the crash switch): the live view follows it to the end.
+            resumed = subprocess.run(
+                [sys.executable, str(EXAMPLE), "--child", str(world_dir)],
+                env=_env(),
+                check=False,
+                timeout=60,
+            )
+            assert resumed.returncode == 0
+            expect(page.locator("#run")).to_have_attribute(
+                "data-status", "completed", timeout=10000
+            )
+            assert page.evaluate("window.__same_page") is True, "the page was reloaded"
+            expect(page.locator('tr.attempt[data-step="publish"]')).to_have_attribute(
+                "data-outcome", "completed"
+            )
+            for branch in ("reset", "session", "login"):
+                expect(page.locator(f'tr.attempt[data-step="check[{branch}]/lint"]')).to_have_count(
+                    1
+                )
+            expect(page.locator('tr.attempt[data-step="draft@2"]')).to_have_count(1)
+            expect(page.locator("#timeline")).to_contain_text("parallel: reset, session, login")
+            expect(page.locator(".facts")).to_contain_text("$0.045000")
+
+            # The agent's turns: each model call priced alone, arguments and results expandable.
+            expect(turns).to_have_count(4)
+            expect(turns.nth(0)).to_contain_text("scripted/planner-1")
+            expect(turns.nth(0)).to_contain_text("$0.005850")  # 1,200 in x $3 + 150 out x $15
+            first = turns.nth(0).locator("details.model-call")
+            first.locator("summary").click()
+            expect(first).to_contain_text("Plan a fix for: Login fails after password reset")
+            call = turns.nth(2).locator("details.model-call")
+            call.locator("summary").click()
+            expect(call).to_contain_text("# auth/session.py")  # the tool results of turn 2
+            tool = turns.nth(2).locator("details.tool-call")
+            expect(tool.locator("summary")).to_contain_text("read_file")
+            tool.locator("summary").click()
+            expect(tool).to_contain_text('"path": "web/login.py"')
+            expect(tool).to_contain_text("# web/login.py")
+            expect(page.locator("#sub-runs")).to_contain_text("run_triage_42")
+            shot = tmp_path / "run_page.png"
+            page.screenshot(path=str(shot), full_page=True)
+            assert shot.stat().st_size > 10_000
+            artifacts = os.environ.get("LITTLE_ES_UI_SCREENSHOT")
+            if artifacts:
+                shutil.copy(shot, artifacts)
+
+            # User data is text on the page, never markup that runs.
+            page.goto(base + "/runs/run_html")
+            page.locator("#out-0 summary").click()
+            expect(page.locator("#out-0 pre")).to_contain_text("<script>window.__xss=2</script>")
+            assert page.evaluate("window.__xss") is None
+            expect(page.locator("#run img")).to_have_count(0)
+        finally:
+            browser.close()
+
+
+def test_little_ui_serves_the_world(killed_world: tuple[Path, ModuleType]) -> None:
+    # The command itself, as a user starts it: a real process on a free port, then stopped.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"sqlite:///{killed_world[0]}"
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "little"), "ui", "--world", url, "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as r:
+                    body = r.read().decode()
+                break
+            except OSError:
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                assert time.monotonic() < deadline, "little ui did not answer"
+                time.sleep(0.1)
+        assert re.search(r'data-run-id="run_triage_42"', body)
+        assert "<script>window.__xss" not in body
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/runs/run_html") as r:
+            assert b'"status":"completed"' in r.read()
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/runs/no_such_run")
+            raise AssertionError("a missing run was served")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 404
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=10)
+    assert f"http://127.0.0.1:{port}/" in out
