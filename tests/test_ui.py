@@ -30,8 +30,20 @@ from types import ModuleType
 import pytest
 import uvicorn
 
-from little_es import local_world, run_workflow
+from little_es import (
+    RetryPolicy,
+    StepContext,
+    Workflow,
+    local_world,
+    memory_world,
+    run_workflow,
+    subworkflow,
+    task,
+)
+from little_es.totals import run_tree_totals
 from little_es.ui import create_app
+from little_es.ui.html import run_body
+from little_es.ui.pages import run_page, runs_list
 from little_es.world import World
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -234,3 +246,46 @@ def test_little_ui_serves_the_world(killed_world: tuple[Path, ModuleType]) -> No
         proc.terminate()
         out, _ = proc.communicate(timeout=10)
     assert f"http://127.0.0.1:{port}/" in out
+
+
+_FLAKY_CALLS: list[int] = []
+
+
+def _flaky(ctx: StepContext) -> str:
+    _FLAKY_CALLS.append(ctx.attempt)
+    if ctx.attempt == 1:
+        raise RuntimeError("<b>first attempt</b> fails")
+    return "ok"
+
+
+def _leaf(ctx: StepContext) -> dict[str, str]:
+    return {"leaf": "done"}
+
+
+CHILD = Workflow("leafy", steps=[task("leaf", _leaf)])
+PARENT = Workflow(
+    "parent",
+    steps=[
+        task("flaky", _flaky, retry=RetryPolicy(max_attempts=2)),
+        subworkflow("sub", CHILD),
+    ],
+)
+
+
+def test_a_run_page_shows_retries_and_the_sub_run_tree() -> None:
+    # Without a browser: the run page's HTML of a retried step and a sub-run.
+    world = memory_world()
+    asyncio.run(run_workflow(world, PARENT, {"x": 1}, run_id="run_parent"))
+    page = run_page(world, "run_parent")
+    (child_id,) = page.state.sub_run_ids
+    body = run_body(page)
+    flaky = [a for a in page.attempts if a.step_path == "flaky"]
+    assert [(a.attempt, a.outcome) for a in flaky] == [(1, "retrying"), (2, "completed")]
+    assert 'data-step="flaky" data-outcome="retrying"' in body
+    assert "&lt;b&gt;first attempt&lt;/b&gt; fails" in body and "<b>first attempt" not in body
+    assert f'href="/runs/{child_id}"' in body and "subtree 2 runs" in body
+    assert page.tree_total == run_tree_totals(world, "run_parent")
+    assert [r.run_id for r in runs_list(world, "completed")] == [child_id, "run_parent"]
+    assert runs_list(world, "failed") == ()
+    with pytest.raises(ValueError, match="unknown filter"):
+        runs_list(world, "nope")
