@@ -29,6 +29,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from little_es.errors import InvalidRunIdError, RunNotFoundError
+from little_es.projections import RunsProjection
 from little_es.ui.html import document, error_body, run_body, run_document_body, runs_body
 from little_es.ui.pages import RUN_FILTERS, live_status, run_page, runs_list
 from little_es.world import World
@@ -56,6 +57,8 @@ def create_app(world: World, *, extra_pages: Sequence[ExtraPage] = ()) -> Starle
     if not isinstance(world, World):
         raise TypeError(f"create_app needs a World (from open_world()), got {type(world).__name__}")
     lock = threading.Lock()
+    # One projection for the app's lifetime: each request only catches it up.
+    projection = RunsProjection(world)
     nav = [("/", "runs"), *((p.path, p.title) for p in extra_pages)]
 
     async def read(fn: Callable[[], T]) -> T:
@@ -75,7 +78,7 @@ def create_app(world: World, *, extra_pages: Sequence[ExtraPage] = ()) -> Starle
         if wanted is not None and wanted not in RUN_FILTERS:
             known = ", ".join(RUN_FILTERS)
             return page("runs", error_body(f"no filter {wanted!r}: use {known}"), 404)
-        found = await read(lambda: runs_list(world, wanted))
+        found = await read(lambda: runs_list(world, wanted, projection=projection))
         return page("runs", runs_body(found, wanted))
 
     async def run(request: Request) -> Response:
@@ -90,7 +93,7 @@ def create_app(world: World, *, extra_pages: Sequence[ExtraPage] = ()) -> Starle
 
     async def api_run(request: Request) -> Response:
         run_id = request.path_params["run_id"]
-        status = await read(lambda: live_status(world, run_id))
+        status = await read(lambda: live_status(world, run_id, projection=projection))
         if status is None:
             return JSONResponse({"error": f"no run {run_id!r} in this world"}, status_code=404)
         return JSONResponse(

@@ -139,10 +139,19 @@ class LiveStatus:
     updated_at: datetime | None
 
 
-def runs_list(world: World, filter_name: str | None = None) -> tuple[RunSummary, ...]:
+def runs_list(
+    world: World, filter_name: str | None = None, *, projection: RunsProjection | None = None
+) -> tuple[RunSummary, ...]:
     """The runs of ``world``, newest first, only those of ``filter_name`` (see
-    :data:`RUN_FILTERS`) when given; an unknown filter raises ``ValueError``."""
-    runs = list_runs(world)
+    :data:`RUN_FILTERS`) when given; an unknown filter raises ``ValueError``.
+
+    ``projection``: the world's runs projection to bring up to date and read (a server
+    keeps one); a new one by default."""
+    if projection is None:
+        runs = list_runs(world)
+    else:
+        projection.catch_up()
+        runs = projection.runs()
     if filter_name:
         if filter_name not in RUN_FILTERS:
             raise ValueError(f"unknown filter {filter_name!r}; use one of {sorted(RUN_FILTERS)}")
@@ -151,10 +160,13 @@ def runs_list(world: World, filter_name: str | None = None) -> tuple[RunSummary,
     return tuple(reversed(runs))
 
 
-def live_status(world: World, run_id: str) -> LiveStatus | None:
+def live_status(
+    world: World, run_id: str, *, projection: RunsProjection | None = None
+) -> LiveStatus | None:
     """The run's status and event count from the runs read model brought up to date;
-    None when the model has not seen the run."""
-    projection = RunsProjection(world)
+    None when the model has not seen the run. ``projection`` as for :func:`runs_list`."""
+    if projection is None:
+        projection = RunsProjection(world)
     projection.catch_up()
     state = projection.view.load_state(run_id)
     if state is None:
