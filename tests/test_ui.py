@@ -283,7 +283,7 @@ def test_a_run_page_shows_retries_and_the_sub_run_tree() -> None:
     assert [(a.attempt, a.outcome) for a in flaky] == [(1, "retrying"), (2, "completed")]
     assert 'data-step="flaky" data-outcome="retrying"' in body
     assert "&lt;b&gt;first attempt&lt;/b&gt; fails" in body and "<b>first attempt" not in body
-    assert f'href="/runs/{child_id}"' in body and "subtree 2 runs" in body
+    assert f'class="sub-run" href="/runs/{child_id}"' in body and "subtree 2 runs" in body
     assert page.tree_total == run_tree_totals(world, "run_parent")
     assert [r.run_id for r in runs_list(world, "completed")] == [child_id, "run_parent"]
     assert runs_list(world, "failed") == ()

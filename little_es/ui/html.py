@@ -222,6 +222,10 @@ def _timeline(page: RunPage) -> str:
     span = max((t1 - t0).total_seconds(), 1e-6)
     last_attempt = {a.step_path: i for i, a in enumerate(attempts)}
     groups = state.parallel_groups
+    sub_runs: dict[str, list[str]] = {}
+    for child in page.tree.children:
+        if child.step_path is not None:
+            sub_runs.setdefault(child.step_path, []).append(child.run_id)
     rows = []
     for i, a in enumerate(attempts):
         end = a.ended_at or state.updated_at or a.started_at
@@ -236,6 +240,11 @@ def _timeline(page: RunPage) -> str:
         if a.step_path in groups:
             keys = ", ".join(groups[a.step_path])
             extra += f' <span class="muted">parallel: {esc(keys)}</span>'
+        for sub_run_id in sub_runs.get(a.step_path, ()) if last_attempt[a.step_path] == i else ():
+            extra += (
+                f' <span class="muted">sub-run</span> <a class="sub-run"'
+                f' href="{esc(_run_href(sub_run_id))}">{esc(sub_run_id)}</a>'
+            )
         if a.error is not None:
             extra += (
                 f'<details id="err-{i}"><summary>{esc(a.error.type)}</summary>'
