@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -502,3 +504,25 @@ def test_little_loops_report_and_replay_show_a_loop(tmp_path: Path) -> None:
     assert missing.exit_code == 1 and "outer loop 'nope' not found" in missing.output
     both = runner.invoke(app, ["report", "run_x", "--loop", "nope", "--world", url])
     assert both.exit_code == 2
+
+
+def test_the_outer_loop_example_resumes_mid_cycle_2_and_reruns_only_the_step_in_flight() -> None:
+    done = subprocess.run(
+        [sys.executable, str(_REPO / "examples" / "outer_loop.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = {" ".join(line.split()) for line in done.stdout.splitlines()}
+    for line in (
+        "child exited with -9 (SIGKILL mid-cycle 2)",
+        "planner of cycle 1 1 | 0",
+        "planner of cycle 2 1 | 0",
+        "train lr=0.03 1 | 1",
+        "evaluate lr=0.03 0 | 1",
+        "planner of cycle 3 0 | 1",
+        "the loop ended: planner_done",
+    ):
+        assert line in lines, done.stdout
