@@ -14,6 +14,7 @@ reconstructs them, while their events stay frozen pydantic models.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, ClassVar, Self, TypeVar
 from uuid import UUID
@@ -29,9 +30,13 @@ from little_es.events import (
     ModelCalled,
     ModelPriceSet,
     ModelResponded,
+    OuterLoopCompleted,
+    OuterLoopCycleAbandoned,
     OuterLoopCycleCompleted,
+    OuterLoopCyclePlanned,
     OuterLoopCycleStarted,
     OuterLoopEvent,
+    OuterLoopStarted,
     PriceBookEvent,
     RunEvent,
     SessionCompleted,
@@ -42,6 +47,7 @@ from little_es.events import (
     ToolCallSucceeded,
     WorldCreated,
     WorldEvent,
+    event_class_for,
     utc_now,
 )
 from little_es.ids import (
@@ -307,8 +313,43 @@ class HarnessSession(Aggregate):
             self.apply(cls.model_validate(data))
 
 
+@dataclass(frozen=True)
+class LoopCycle:
+    """One cycle of an outer loop as its events tell it."""
+
+    started: OuterLoopCycleStarted
+    planned: OuterLoopCyclePlanned | None = None
+    completed: OuterLoopCycleCompleted | None = None
+    abandoned: OuterLoopCycleAbandoned | None = None
+
+    @property
+    def number(self) -> int:
+        """The cycle's number, from 1."""
+        return self.started.cycle
+
+    @property
+    def status(self) -> str:
+        """``pending``, ``done`` (the planner ended the loop), or the outcome."""
+        if self.abandoned is not None:
+            return "abandoned"
+        if self.completed is not None:
+            return self.completed.status
+        if self.planned is not None and self.planned.done:
+            return "done"
+        return "pending"
+
+    @property
+    def ended(self) -> bool:
+        """Whether nothing more will run in this cycle."""
+        return self.status != "pending"
+
+
 class OuterLoop(Aggregate):
-    """An outer improvement loop: its cycles, each one run."""
+    """An outer loop: how it was started, its cycles (each a planner run and a run), its end.
+
+    It is the truth of a loop; the manifest view (:func:`little_es.outer_loop.loop_view`)
+    and the reports are folded from it.
+    """
 
     type_name = "OuterLoop"
     event_base = OuterLoopEvent
@@ -318,41 +359,70 @@ class OuterLoop(Aggregate):
         self._init_state()
 
     def _init_state(self) -> None:
-        self.cycles: dict[int, OuterLoopCycleStarted] = {}
-        self.cycle_results: dict[int, OuterLoopCycleCompleted] = {}
+        self.started: OuterLoopStarted | None = None
+        self.cycles: dict[int, LoopCycle] = {}
+        self.completed: OuterLoopCompleted | None = None
+        self._events: list[OuterLoopEvent] = []
+
+    @property
+    def pending_cycle(self) -> LoopCycle | None:
+        """The cycle that started and has not ended, if any (there is at most one)."""
+        last = self.cycles[max(self.cycles)] if self.cycles else None
+        return last if last is not None and not last.ended else None
 
     @property
     def pending_cycle_run_id(self) -> str | None:
-        """The run of the cycle that started and has not completed, if any."""
-        for cycle, started in sorted(self.cycles.items()):
-            if cycle not in self.cycle_results:
-                return started.run_id
-        return None
+        """The run of the pending cycle, if any (the seed's ``pendingCycleRunId``)."""
+        pending = self.pending_cycle
+        return pending.started.run_id if pending is not None else None
+
+    @property
+    def next_cycle(self) -> int:
+        """The number the next cycle to start will have."""
+        return max(self.cycles, default=0) + 1
+
+    @property
+    def cycles_ended(self) -> int:
+        """How many cycles ran to an outcome (abandoned ones and the planner's "done" excluded)."""
+        return sum(1 for c in self.cycles.values() if c.completed is not None)
 
     def apply(self, event: Event) -> None:
-        """Track cycles."""
+        """Track the loop's start, cycles and end."""
+        assert isinstance(event, OuterLoopEvent)
+        self._events.append(event)
         match event:
+            case OuterLoopStarted():
+                self.started = event
             case OuterLoopCycleStarted():
-                self.cycles[event.cycle] = event
+                self.cycles[event.cycle] = LoopCycle(started=event)
+            case OuterLoopCyclePlanned():
+                self.cycles[event.cycle] = replace(self.cycles[event.cycle], planned=event)
             case OuterLoopCycleCompleted():
-                self.cycle_results[event.cycle] = event
+                self.cycles[event.cycle] = replace(self.cycles[event.cycle], completed=event)
+            case OuterLoopCycleAbandoned():
+                self.cycles[event.cycle] = replace(self.cycles[event.cycle], abandoned=event)
+            case OuterLoopCompleted():
+                self.completed = event
             case _:
                 pass
 
     def snapshot_state(self) -> dict[str, Any]:
-        """Cycles as JSON."""
+        """The loop's events as JSON (a loop is a few events per cycle)."""
         return {
-            "cycles": [e.model_dump(mode="json") for e in self.cycles.values()],
-            "results": [e.model_dump(mode="json") for e in self.cycle_results.values()],
+            "events": [
+                {"wire_name": e.wire_name, **e.model_dump(mode="json")} for e in self._events
+            ]
         }
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Load cycles from a snapshot."""
+        """Load the loop's events from a snapshot."""
         self._init_state()
-        for c in state["cycles"]:
-            self.apply(OuterLoopCycleStarted.model_validate(c))
-        for r in state["results"]:
-            self.apply(OuterLoopCycleCompleted.model_validate(r))
+        for item in state["events"]:
+            data = dict(item)
+            cls = event_class_for(data.pop("wire_name"))
+            if cls is None or not issubclass(cls, OuterLoopEvent):  # pragma: no cover
+                raise ValueError("unknown event in an outer loop snapshot")
+            self.apply(cls.model_validate(data))
 
 
 class WorldRecord(Aggregate):

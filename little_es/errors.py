@@ -8,6 +8,8 @@ handle a family::
     ├── InvalidRunIdError (ValueError)       a run id is not 1-128 of [A-Za-z0-9_.-]
     ├── WorldConfigError (ValueError)        a world URL or data directory is unusable
     ├── RunNotFoundError (LookupError)       no run with this id in the world
+    ├── OuterLoopNotFoundError (LookupError) no outer loop with this id in the world
+    ├── OuterLoopRequestError (ValueError)   an unusable run_outer_loop argument
     ├── LoggingConfigError (ValueError)      a log level or LITTLE_ES_LOG_* value
     ├── PricingError (ValueError)            a price or a pricing argument
     ├── WorkflowRefError (ValueError)        a `module:attribute` that names no Workflow
@@ -35,7 +37,8 @@ handle a family::
     │   ├── RunFailedError                   retries ran out; resume once fixed
     │   ├── TurnLimitExceededError
     │   ├── SubRunFailedError
-    │   └── OrchestratorContextError
+    │   ├── OrchestratorContextError
+    │   └── PlannerAnswerError               an outer loop's planner did not answer a decision
     ├── RunStoppedError                      the run was stopped on purpose; resumable
     │   ├── RunCancelledError                `little cancel` / cancel_run
     │   └── BudgetExceededError              the next model call would start past a budget
@@ -45,6 +48,7 @@ handle a family::
     │   ├── ParallelReplayMismatchError
     │   ├── CapabilityDriftError
     │   ├── RunInputMismatchError
+    │   ├── OuterLoopMismatchError           a loop resumed with other settings than its own
     │   ├── ConversationDivergedError
     │   ├── LogTamperedError                 a stream's hash chain is broken
     │   ├── WorldIntegrityError              the database is not this world's
@@ -89,6 +93,22 @@ class RunNotFoundError(LittleEsError, LookupError):
             f"run {run_id!r} not found in world {world}: check the run id (`little runs` lists"
             " them) and the world (--world or LITTLE_ES_WORLD)"
         )
+
+
+class OuterLoopNotFoundError(LittleEsError, LookupError):
+    """No outer loop with this id exists in the world."""
+
+    def __init__(self, outer_loop_id: str, world: str) -> None:
+        self.outer_loop_id = outer_loop_id
+        self.world = world
+        super().__init__(
+            f"outer loop {outer_loop_id!r} not found in world {world}: check the id (`little"
+            " loops` lists them) and the world (--world or LITTLE_ES_WORLD)"
+        )
+
+
+class OuterLoopRequestError(LittleEsError, ValueError):
+    """An outer loop was asked for with an argument it cannot take (see the message)."""
 
 
 class LoggingConfigError(LittleEsError, ValueError):
@@ -258,6 +278,12 @@ class OrchestratorContextError(StepExecutionError):
     retryable = False
 
 
+class PlannerAnswerError(StepExecutionError):
+    """An outer loop's planner answered something that is not a :class:`PlannerDecision`."""
+
+    retryable = False
+
+
 # ------------------------------------------- stopped on purpose: resumable
 
 
@@ -355,6 +381,10 @@ class CapabilityDriftError(RuntimeIntegrityError):
 
 class RunInputMismatchError(RuntimeIntegrityError):
     """A resume was asked for with an input other than the one the run started with."""
+
+
+class OuterLoopMismatchError(RuntimeIntegrityError):
+    """An outer loop was resumed with a workflow or setting other than the recorded one."""
 
 
 class ConversationDivergedError(RuntimeIntegrityError):

@@ -401,32 +401,59 @@ class WorldCreated(WorldEvent):
 
 
 class OuterLoopEvent(Event):
-    """Base class of events on an ``OuterLoop`` stream."""
+    """Base class of events on an ``OuterLoop`` stream (:mod:`little_es.outer_loop`)."""
+
+
+OuterLoopEndReason = Literal[
+    "planner_done", "max_cycles", "budget", "cycle_failed", "planner_failed"
+]
+"""Why an outer loop ended (:class:`OuterLoopCompleted`)."""
 
 
 class OuterLoopStarted(OuterLoopEvent):
-    """An outer improvement loop began."""
+    """An outer loop began: what it runs, with what, and when it must stop."""
 
     wire_name: ClassVar[str] = "outer_loop.started"
 
     outer_loop_id: str
     workflow_id: str
     max_cycles: int = Field(ge=1)
+    input: dict[str, JSONValue] = Field(default_factory=dict)
+    budget_usd: Decimal | None = Field(default=None, gt=0, allow_inf_nan=False)
+    on_cycle_failure: Literal["stop", "continue"] = "stop"
 
 
 class OuterLoopCycleStarted(OuterLoopEvent):
-    """Cycle ``cycle`` is being run as ``run_id``; the planner manifest pins the cycle."""
+    """Cycle ``cycle`` begins: its planner run, its run, and the planner manifest that pins it.
+
+    ``planner_manifest`` is what the planner was given (model, prompt, tools,
+    parameters, the cycle workflow's IR hash and ``outer_loop_context_hash``,
+    the hash of the loop context); ``planner_manifest_hash`` is its digest. A
+    resume recomputes both and abandons the cycle when they differ.
+    """
 
     wire_name: ClassVar[str] = "outer_loop.cycle_started"
 
     cycle: int = Field(ge=1)
+    planner_run_id: str = ""
     run_id: str
+    planner_manifest: dict[str, JSONValue] = Field(default_factory=dict)
     planner_manifest_hash: str
     outer_loop_context_hash: str
 
 
+class OuterLoopCyclePlanned(OuterLoopEvent):
+    """The planner of cycle ``cycle`` answered: run the cycle, or the loop is ``done``."""
+
+    wire_name: ClassVar[str] = "outer_loop.cycle_planned"
+
+    cycle: int = Field(ge=1)
+    done: bool
+    reason: str = ""
+
+
 class OuterLoopCycleCompleted(OuterLoopEvent):
-    """Cycle ``cycle`` ended with its run in ``status``."""
+    """Cycle ``cycle`` ended with ``run_id`` (its run, or a failed planner's) in ``status``."""
 
     wire_name: ClassVar[str] = "outer_loop.cycle_completed"
 
@@ -435,12 +462,29 @@ class OuterLoopCycleCompleted(OuterLoopEvent):
     status: Literal["completed", "failed"]
 
 
+class OuterLoopCycleAbandoned(OuterLoopEvent):
+    """Cycle ``cycle`` was closed unfinished: its planner manifest drifted before a resume.
+
+    Its runs stay in the world as they are; the loop goes on with a fresh cycle.
+    """
+
+    wire_name: ClassVar[str] = "outer_loop.cycle_abandoned"
+
+    cycle: int = Field(ge=1)
+    old_manifest_hash: str
+    new_manifest_hash: str
+    old_context_hash: str
+    new_context_hash: str
+    changes: tuple[str, ...] = ()
+
+
 class OuterLoopCompleted(OuterLoopEvent):
-    """The outer loop ended after ``cycles`` cycles."""
+    """The outer loop ended after ``cycles`` finished cycles, for ``reason``."""
 
     wire_name: ClassVar[str] = "outer_loop.completed"
 
     cycles: int = Field(ge=0)
+    reason: OuterLoopEndReason
 
 
 # ---------------------------------------------------------------------- PriceBook

@@ -11,6 +11,10 @@ read once, when the first world of the process saves):
     wire name whose fields match, e.g. ``harness.model.called:turn=3`` or
     ``harness.tool_call.started:call_id=c42`` or ``StepCompleted:step_path=fetch``.
 
+``LITTLE_ES_CRASH_DURING_VIEW_WRITE=N``
+    SIGKILL during the Nth write of an outer loop's view file, after its
+    temporary file is written and before it replaces the old view.
+
 The kill is a real ``SIGKILL``: no ``finally`` block, no atexit handler and no
 buffered write of this process runs after it, exactly like a crash.
 """
@@ -27,6 +31,9 @@ from little_es.events import Event
 
 CRASH_AFTER_APPENDS = "LITTLE_ES_CRASH_AFTER_APPENDS"
 CRASH_AFTER_EVENT = "LITTLE_ES_CRASH_AFTER_EVENT"
+CRASH_DURING_VIEW_WRITE = "LITTLE_ES_CRASH_DURING_VIEW_WRITE"
+
+_view_writes = 0
 
 
 @dataclass
@@ -70,4 +77,15 @@ def after_append(events: Sequence[Event]) -> None:
     if plan.after_appends is not None and plan.appends >= plan.after_appends:
         os.kill(os.getpid(), signal.SIGKILL)
     if plan.wire_name is not None and any(_matches(plan, e) for e in events):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def during_view_write() -> None:
+    """Called by a backend between writing a view's temporary file and renaming it."""
+    global _view_writes
+    planned = os.environ.get(CRASH_DURING_VIEW_WRITE)
+    if not planned:
+        return
+    _view_writes += 1
+    if _view_writes >= int(planned):
         os.kill(os.getpid(), signal.SIGKILL)

@@ -16,6 +16,9 @@ an example: each takes the data (or the world and a run id) and a
   (``little verify``);
 * :func:`render_prices` - the prices recorded in a world (``little prices list``);
 * :func:`render_diff` - two runs side by side, step by step (``little diff``);
+* :func:`render_loops` - the outer loops of a world (``little loops``);
+* :func:`render_loop_report` - an outer loop's cycles with their decisions and
+  cost (``little report --loop``);
 * :class:`StepBoard` - the live table of steps ``little run`` shows.
 
 Statuses are coloured from one table, :data:`STATUS_STYLES`; costs are shown by
@@ -38,6 +41,7 @@ from rich.tree import Tree
 
 from little_es.backends.base import RunSummary
 from little_es.diff import JsonChange, RunDiff, StepDiff, ToolCallSummary
+from little_es.domain import OuterLoop
 from little_es.events import (
     BudgetExceeded,
     Event,
@@ -49,6 +53,7 @@ from little_es.events import (
 )
 from little_es.materialize import MaterializedRunState
 from little_es.orchestrator import RunTree, SubRunSummary, list_sub_runs, run_tree, sum_usage
+from little_es.outer_loop import cycle_cost, list_outer_loops, load_outer_loop, loop_totals
 from little_es.replay import ReplayResult, read_run_state
 from little_es.values import Budget, UsageTotals
 from little_es.verify import VerifyReport
@@ -61,6 +66,8 @@ __all__ = [
     "cost_text",
     "render_diff",
     "render_events",
+    "render_loop_report",
+    "render_loops",
     "render_prices",
     "render_replay",
     "render_report",
@@ -79,6 +86,8 @@ STATUS_STYLES: Mapping[str, str] = MappingProxyType(
         "retrying": "magenta",
         "cancelled": "bright_black",
         "budget_exceeded": "dark_orange",
+        "abandoned": "bright_black",
+        "done": "green",
     }
 )
 """The rich style of each run and step status; any other status is shown in white."""
@@ -593,3 +602,97 @@ class StepBoard:
         for path, (status, note) in self.rows.items():
             table.add_row(path, status_text(status), note)
         return table
+
+
+def _loop_status(loop: OuterLoop) -> str:
+    if loop.completed is None:
+        return status_text("running")
+    return status_text("completed") + f" [dim]({escape(loop.completed.reason)})[/]"
+
+
+def render_loops(world: World, console: Console) -> tuple[OuterLoop, ...]:
+    """Print the outer loops of ``world``: id, workflow, cycles, status, cost (``little loops``)."""
+    loops = list_outer_loops(world)
+    if not loops:
+        console.print(f"no outer loops in world {escape(world.name)}")
+        return loops
+    table = Table(title=f"outer loops in {escape(world.name)}", box=box.SIMPLE_HEAD)
+    table.add_column("outer loop", overflow="fold")
+    table.add_column("workflow", overflow="fold")
+    table.add_column("cycles", justify="right", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    table.add_column("started", no_wrap=True)
+    table.add_column("cost (USD)", justify="right", no_wrap=True)
+    for loop in loops:
+        started = loop.started
+        assert started is not None
+        table.add_row(
+            escape(started.outer_loop_id),
+            escape(started.workflow_id),
+            f"{loop.cycles_ended}/{started.max_cycles}",
+            _loop_status(loop),
+            _when(loop.created_on),
+            cost_text(loop_totals(world, loop)),
+        )
+    console.print(table)
+    return loops
+
+
+def render_loop_report(
+    world: World, outer_loop_id: str, console: Console, *, tree: bool = False
+) -> OuterLoop:
+    """Print an outer loop's cycles: runs, status, planner decision, cost (``report --loop``).
+
+    ``tree`` adds each cycle's run tree with totals. Costs are priced from the
+    runs' logs; an abandoned cycle's runs are shown and counted too.
+    """
+    loop = load_outer_loop(world, outer_loop_id)
+    started = loop.started
+    assert started is not None
+    limits = f"max {started.max_cycles} cycles"
+    if started.budget_usd is not None:
+        limits += f", budget ${started.budget_usd}"
+    console.print(
+        f"outer loop [bold]{escape(started.outer_loop_id)}[/] · {escape(started.workflow_id)}"
+        f" · {_loop_status(loop)} · {limits}"
+    )
+    table = Table(box=box.SIMPLE_HEAD)
+    table.add_column("cycle", justify="right", no_wrap=True)
+    table.add_column("run", overflow="fold")
+    table.add_column("status", no_wrap=True)
+    table.add_column("planner decision", overflow="fold")
+    table.add_column("planner", justify="right", no_wrap=True)
+    table.add_column("run cost", justify="right", no_wrap=True)
+    for number in sorted(loop.cycles):
+        cycle = loop.cycles[number]
+        cost = cycle_cost(world, cycle)
+        if cycle.abandoned is not None:
+            decision = "abandoned: " + "; ".join(cycle.abandoned.changes)
+        elif cycle.planned is None:
+            decision = "(planning)"
+        elif cycle.planned.done:
+            decision = f"done: {cycle.planned.reason}" if cycle.planned.reason else "done"
+        else:
+            decision = cycle.planned.reason or "run"
+        table.add_row(
+            str(number),
+            escape(cycle.started.run_id),
+            status_text(cycle.status),
+            escape(decision),
+            cost_text(cost.planner),
+            cost_text(cost.run),
+        )
+    console.print(table)
+    totals = loop_totals(world, loop)
+    line = f"total: {_tokens(totals)} tokens · {cost_text(totals)}"
+    if totals.unpriced_calls:
+        line += f" · {_calls(totals.unpriced_calls)} not in the dollars"
+    console.print(line)
+    if loop.pending_cycle_run_id is not None:
+        console.print(f"pending cycle run: {escape(loop.pending_cycle_run_id)}")
+    if tree:
+        for number in sorted(loop.cycles):
+            run_id = loop.cycles[number].started.run_id
+            if world.run_exists(run_id):
+                render_tree(world, run_id, console)
+    return loop

@@ -69,6 +69,7 @@ from little_es.events import (
     LOG_FORMAT_UNCHAINED,
     Event,
     ModelPriceSet,
+    OuterLoopStarted,
     RunEvent,
     Snapshot,
     StepStarted,
@@ -768,6 +769,23 @@ class World:
     def load_outer_loop(self, outer_loop_id: str) -> OuterLoop | None:
         """An outer loop, or None."""
         return self._load(OuterLoop, outer_loop_stream_id(outer_loop_id))
+
+    def outer_loops(self) -> Iterator[OuterLoop]:
+        """Every outer loop of the world, in the order they started."""
+        recorder = self.app.recorder
+        start: int | None = None
+        while page := recorder.select_notifications(
+            start=start,
+            limit=500,
+            topics=[OuterLoopStarted.wire_name],
+            inclusive_of_start=start is None,
+        ):
+            for notification in page:
+                sid = notification.originator_id
+                loop = self._load(OuterLoop, sid if isinstance(sid, UUID) else UUID(str(sid)))
+                if loop is not None:
+                    yield loop
+            start = page[-1].id
 
     def _load(self, cls: type[A], stream_id: UUID) -> A | None:
         """The aggregate folded from its latest snapshot (if any) and later events, verified.

@@ -28,7 +28,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("harness", "harness.*"),
     ("workflow.authoring",),
     ("engine", "engine.*"),
-    ("orchestrator",),
+    ("orchestrator", "outer_loop"),
     ("replay", "projections", "verify", "diff"),
     ("render",),
     ("ui", "ui.*"),

@@ -121,6 +121,20 @@ class Backend(ABC):
         """Whether the artifact store holds blobs outside the database (the world has history)."""
         return False
 
+    keeps_outer_loop_views: bool = False
+    """Whether the backend keeps a file view of each outer loop (:mod:`little_es.outer_loop`)."""
+
+    def write_outer_loop_view(self, outer_loop_id: str, data: bytes) -> None:  # noqa: B027
+        """Replace the view of ``outer_loop_id`` atomically, where the backend keeps views.
+
+        Most backends keep none (the CLI serves the view from the log); the
+        SQLite one keeps ``{data_dir}/outer-loops/{outer_loop_id}.json``.
+        """
+
+    def read_outer_loop_view(self, outer_loop_id: str) -> bytes | None:
+        """The stored view of ``outer_loop_id``, or None (no view kept or none written)."""
+        return None
+
     @abstractmethod
     def runs_view(self) -> RunsView:
         """The runs read model of this world, its tables created if they were missing."""

@@ -32,7 +32,7 @@ import re
 import socket
 import sqlite3
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -71,6 +71,8 @@ from little_es.backends.base import (
 )
 from little_es.chain import Head
 from little_es.errors import WorldIntegrityError
+from little_es.faults import during_view_write
+from little_es.ids import validate_run_id
 from little_es.materialize import MaterializedRunState
 
 Synchronous = Literal["full", "normal"]
@@ -173,6 +175,25 @@ class SQLiteBackend(Backend):
             orjson.dumps({"world_id": world_id, "database": "events.sqlite3"}),
         )
 
+    keeps_outer_loop_views = True
+
+    def _view_path(self, outer_loop_id: str) -> Path:
+        # A validated run id: letters, digits and ``_ - .``, never ``..`` alone, so no escape.
+        return self._data_dir / "outer-loops" / f"{validate_run_id(outer_loop_id)}.json"
+
+    def write_outer_loop_view(self, outer_loop_id: str, data: bytes) -> None:
+        """Write ``{data_dir}/outer-loops/{outer_loop_id}.json``: temp file, fsync, rename."""
+        path = self._view_path(outer_loop_id)
+        path.parent.mkdir(exist_ok=True)
+        _write_durably(path, data, before_rename=during_view_write)
+
+    def read_outer_loop_view(self, outer_loop_id: str) -> bytes | None:
+        """The bytes of the view file, or None when there is none."""
+        try:
+            return self._view_path(outer_loop_id).read_bytes()
+        except FileNotFoundError:
+            return None
+
     def holds_artifacts(self) -> bool:
         """Whether ``{data_dir}/artifacts/`` holds any blob."""
         root = self._data_dir / "artifacts"
@@ -238,7 +259,9 @@ def _refusing_corruption(name: str) -> Iterator[None]:
         raise
 
 
-def _write_durably(path: Path, data: bytes) -> None:
+def _write_durably(
+    path: Path, data: bytes, *, before_rename: Callable[[], None] | None = None
+) -> None:
     """Write ``path`` through a fsynced temporary file and a fsynced rename."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     try:
@@ -246,6 +269,8 @@ def _write_durably(path: Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        if before_rename is not None:
+            before_rename()
         Path(tmp).replace(path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -3,7 +3,7 @@
 Every command is registered here: the built-in ones in :func:`_register`, the
 plugins' in :func:`_register_plugins`:
 
-* ``little report | replay | events | runs | verify`` - read-only views of the log
+* ``little report | replay | events | runs | loops | verify`` - read-only views of the log
   (:mod:`little_es.cli.inspection`);
 * ``little run | resume`` - drive a workflow (:mod:`little_es.cli.run`);
 * ``little cancel | diff`` - stop a run from outside; compare two runs
@@ -156,6 +156,7 @@ def _register(app: typer.Typer) -> None:
     app.command("replay")(inspection.replay_command)
     app.command("events")(inspection.events_command)
     app.command("runs")(inspection.runs_command)
+    app.command("loops")(inspection.loops_command)
     app.command("verify")(inspection.verify_command)
     app.command("run")(run.run_command)
     app.command("resume")(run.resume_command)

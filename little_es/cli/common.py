@@ -18,7 +18,7 @@ from rich.console import Console
 from little_es.errors import WorldConfigError
 from little_es.world import DEFAULT_DATA_DIR, WORLD_ENV_VAR, World, open_world
 
-__all__ = ["RunIdArgument", "WorldOption", "console", "inspection_world"]
+__all__ = ["OptionalRunIdArgument", "RunIdArgument", "WorldOption", "console", "inspection_world"]
 
 # Wide enough for the report table when output is not a terminal (a pipe, a test
 # runner), where rich would otherwise assume 80 columns and wrap the cells.
@@ -39,6 +39,11 @@ WorldOption = Annotated[
 
 RunIdArgument = Annotated[str, typer.Argument(help="The run id.", show_default=False)]
 """A run id argument."""
+
+OptionalRunIdArgument = Annotated[
+    str | None, typer.Argument(help="The run id.", show_default=False)
+]
+"""A run id argument a command can do without (it takes another option instead)."""
 
 
 @contextmanager

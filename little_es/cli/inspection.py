@@ -5,6 +5,8 @@
 * ``little replay <run-id> [--json]`` - what :func:`~little_es.replay.replay_run` returns;
 * ``little events <run-id> [--jsonl]`` - the run's event log, in order, by wire name;
 * ``little runs`` - every run, from the runs read model;
+* ``little loops`` - every outer loop; ``little report --loop ID`` and
+  ``little replay --loop ID`` show one;
 * ``little verify [<run-id> | --all]`` - every stream's hash chain and every
   artifact of a run or of the world; exit code 1 when anything does not hold.
 
@@ -19,11 +21,20 @@ from typing import Annotated, Any
 import orjson
 import typer
 
-from little_es.cli.common import RunIdArgument, WorldOption, console, inspection_world
+from little_es.cli.common import (
+    OptionalRunIdArgument,
+    RunIdArgument,
+    WorldOption,
+    console,
+    inspection_world,
+)
 from little_es.events import Event
+from little_es.outer_loop import encode_view, load_outer_loop, loop_view
 from little_es.projections import list_runs
 from little_es.render import (
     render_events,
+    render_loop_report,
+    render_loops,
     render_replay,
     render_report,
     render_runs,
@@ -37,6 +48,7 @@ from little_es.verify import verify_world
 __all__ = [
     "event_json",
     "events_command",
+    "loops_command",
     "replay_command",
     "replay_json",
     "report_command",
@@ -47,16 +59,36 @@ __all__ = [
 _ORIGINATOR_FIELDS = {"originator_id", "originator_version", "timestamp"}
 
 
+_LoopOption = Annotated[
+    str | None,
+    typer.Option("--loop", help="An outer loop id, instead of a run id.", show_default=False),
+]
+
+
+def _one_of(run_id: str | None, loop: str | None) -> None:
+    if (run_id is None) == (loop is None):
+        raise typer.BadParameter("give a run id or --loop OUTER_LOOP_ID (one of them)")
+
+
 def report_command(
-    run_id: RunIdArgument,
+    run_id: OptionalRunIdArgument = None,
     world: WorldOption = None,
     tree: Annotated[
         bool, typer.Option("--tree", help="Also show the whole tree of sub-runs with totals.")
     ] = False,
+    loop: _LoopOption = None,
 ) -> None:
-    """Per-step tokens and cost of a run (priced from the log, never from a recorded cost)."""
+    """Per-step tokens and cost of a run, or per cycle of an outer loop (``--loop``).
+
+    Priced from the log, never from a recorded cost.
+    """
+    _one_of(run_id, loop)
     out = console()
     with inspection_world(world) as w:
+        if loop is not None:
+            render_loop_report(w, loop, out, tree=tree)
+            return
+        assert run_id is not None
         render_report(w, run_id, out)
         if tree:
             render_tree(w, run_id, out)
@@ -78,14 +110,24 @@ def replay_json(result: ReplayResult) -> dict[str, Any]:
 
 
 def replay_command(
-    run_id: RunIdArgument,
+    run_id: OptionalRunIdArgument = None,
     world: WorldOption = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the whole ReplayResult as JSON.")
     ] = False,
+    loop: _LoopOption = None,
 ) -> None:
-    """Fold a run's log: its state, which steps would run on resume, its artifacts."""
+    """Fold a run's log: its state, which steps would run on resume, its artifacts.
+
+    With ``--loop``, print the folded state of an outer loop as JSON (the same
+    view a local world keeps in ``outer-loops/<id>.json``).
+    """
+    _one_of(run_id, loop)
     with inspection_world(world) as w:
+        if loop is not None:
+            typer.echo(encode_view(loop_view(w, load_outer_loop(w, loop))).decode(), nl=False)
+            return
+        assert run_id is not None
         result = replay_run(w, run_id)
     if as_json:
         typer.echo(orjson.dumps(replay_json(result), option=orjson.OPT_INDENT_2).decode())
@@ -122,6 +164,12 @@ def events_command(
         typer.echo(b"\n".join(orjson.dumps(event_json(e)) for e in events).decode())
         return
     render_events(events, console())
+
+
+def loops_command(world: WorldOption = None) -> None:
+    """Every outer loop in the world: id, workflow, cycles, status, cost."""
+    with inspection_world(world) as w:
+        render_loops(w, console())
 
 
 def runs_command(world: WorldOption = None) -> None:

@@ -49,6 +49,7 @@ __all__ = [
     "assert_session_manifest_consistent",
     "check_manifest",
     "compute_manifest",
+    "manifest_changes",
     "read_session_started",
 ]
 
@@ -145,7 +146,7 @@ def check_manifest(
     old, new = _comparable(recorded, manifest)
     if old == new:
         return
-    changes = _manifest_changes(old, new) or [
+    changes = manifest_changes(old, new) or [
         f"manifest changed from {dict(old)!r} to {dict(new)!r}"
     ]
     raise CapabilityDriftError(
@@ -218,7 +219,8 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _manifest_changes(old: Mapping[str, JSONValue], new: Mapping[str, JSONValue]) -> list[str]:
+def manifest_changes(old: Mapping[str, JSONValue], new: Mapping[str, JSONValue]) -> list[str]:
+    """What differs between two session manifests, in words ("prompt changed", "tool 'x' added")."""
     changes: list[str] = []
     for key in ("provider", "model_id", "max_turns"):
         if old.get(key) != new.get(key):
