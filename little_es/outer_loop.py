@@ -776,8 +776,8 @@ async def run_outer_loop(
     (``budget``: checked before each cycle starts, on the priced calls only),
     when a cycle's run fails and ``on_cycle_failure`` is ``"stop"`` (the
     default; ``"continue"`` lets the planner see the failure:
-    ``cycle_failed``), or when the planner's answer is not a decision
-    (``planner_failed``).
+    ``cycle_failed``), or when the planner's run fails, as it does when its
+    answer is not a decision (``planner_failed``).
 
     A resume takes the recorded settings (give them again only unchanged:
     :class:`~little_es.errors.OuterLoopMismatchError` otherwise). A pending
