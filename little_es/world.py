@@ -61,6 +61,7 @@ from little_es.errors import (
     LogTamperedError,
     PricingError,
     RunNotFoundError,
+    UnstorableEventError,
     WorldConfigError,
     WorldIntegrityError,
 )
@@ -363,6 +364,35 @@ class _BookPricer:
         raise AssertionError("unreachable")  # pragma: no cover
 
 
+def _check_own_run_event(event_class: object) -> None:
+    """Refuse, before anything is appended, a class that is not the caller's own RunEvent.
+
+    The protocol's events (``StepCompleted``, ``RunCompleted``, ...) and any
+    subclass of one are folded by the reducer as the protocol itself: appended
+    from outside they would complete, fail or rewind a run no driver ran.
+    """
+    if not isinstance(event_class, type) or not issubclass(event_class, RunEvent):
+        raise UnstorableEventError(
+            f"{getattr(event_class, '__qualname__', repr(event_class))} is not a RunEvent:"
+            " record_run_event takes an event class of your own; declare"
+            " `class MyEvent(RunEvent)` with a wire_name and pass the class"
+        )
+    protocol = next(
+        (
+            c
+            for c in event_class.__mro__
+            if c.__module__ == RunEvent.__module__ and issubclass(c, RunEvent) and c is not RunEvent
+        ),
+        None,
+    )
+    if protocol is not None:
+        raise UnstorableEventError(
+            f"{event_class.__qualname__} is the library's protocol event {protocol.__qualname__}"
+            " (or derives from it): only the runtime records it. Subclass RunEvent directly"
+            " for an event of your own"
+        )
+
+
 class World:
     """Runs' event logs and artifacts in one place. Use as a context manager to close it.
 
@@ -629,6 +659,7 @@ class World:
         every append the runtime makes: one that lost it records nothing.
         """
         run = self.load_run(run_id)
+        _check_own_run_event(event_class)
         event = run.trigger(event_class, **fields)
         check_leases()
         self.save(run)
