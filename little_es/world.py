@@ -904,6 +904,11 @@ def local_world(
             f"synchronous must be 'full' or 'normal', got {synchronous!r}"
             " (see little_es.backends.sqlite)"
         )
+    if not isinstance(data_dir, str | os.PathLike):
+        raise WorldConfigError(
+            f"data_dir must be a path (str or pathlib.Path), got {type(data_dir).__name__}:"
+            " pass the world's directory, e.g. local_world('.little-workflow')"
+        )
     root = Path(data_dir)
     if "\x00" in str(root):
         raise WorldConfigError("data_dir contains a NUL byte")
@@ -954,6 +959,11 @@ def open_world(url: str | None = None) -> World:
     ``sqlite:///relative/dir``, ``sqlite:////absolute/dir`` (``?synchronous=normal``
     for :func:`local_world`'s option), ``postgresql://...``, ``memory://``.
     """
+    if url is not None and not isinstance(url, str):
+        raise WorldConfigError(
+            f"a world URL is a string, got {type(url).__name__}: pass e.g."
+            " 'sqlite:///path/to/dir', 'postgresql://...' or 'memory://'"
+        )
     url = url or os.environ.get(WORLD_ENV_VAR) or f"sqlite:///{DEFAULT_DATA_DIR}"
     if url.startswith("memory:"):
         return memory_world()

@@ -26,8 +26,10 @@ from little_es import (
     UnstorableEventError,
     Workflow,
     World,
+    WorldConfigError,
     cancel_run,
     memory_world,
+    open_world,
     register_model_price,
     replay_run,
     run_workflow,
@@ -240,3 +242,15 @@ def test_the_cli_refuses_with_a_message_not_a_traceback(
         assert not world.run_exists("run_nope")
     finally:
         world.close()
+
+
+@pytest.mark.parametrize("url", [5, b"memory://", ["memory://"]])
+def test_open_world_refuses_a_url_that_is_not_a_string(url: Any) -> None:
+    with pytest.raises(WorldConfigError, match="world URL is a string"):
+        open_world(url)
+
+
+@pytest.mark.parametrize("data_dir", [5, None, b"dir"])
+def test_local_world_refuses_a_data_dir_that_is_not_a_path(data_dir: Any) -> None:
+    with pytest.raises(WorldConfigError, match="data_dir must be a path"):
+        local_world(data_dir)
