@@ -14,6 +14,7 @@ handle a family::
     ├── PricingError (ValueError)            a price or a pricing argument
     ├── WorkflowRefError (ValueError)        a `module:attribute` that names no Workflow
     ├── SessionInputError (ValueError)       an unusable agent-session argument
+    ├── RunRequestError (TypeError)          run_workflow given no World, Workflow or mapping
     ├── ModelConfigError (ValueError)        a model built with invalid arguments
     ├── OutputNotSerializableError (TypeError)  a step output that is not JSON
     ├── UnstorableEventError (TypeError)     not a little_es event, or one with no wire name
@@ -125,6 +126,11 @@ class WorkflowRefError(LittleEsError, ValueError):
 
 class SessionInputError(LittleEsError, ValueError):
     """An argument of a harness session (model, tools, prompt, parameters, ...) is unusable."""
+
+
+class RunRequestError(LittleEsError, TypeError):
+    """``run_workflow`` was given something that is not a World, a Workflow, a mapping input
+    or a Budget."""
 
 
 class ModelConfigError(LittleEsError, ValueError):

@@ -296,7 +296,7 @@ def register_model_price(
     Raises :class:`PricingError` for an empty name or a price that is negative,
     infinite or not a number.
     """
-    key = _normalized_key(provider, model_id)
+    key = _new_price_key(provider, model_id)
     entry = _flat_entry(
         key,
         checked_price("input_per_mtok", input_per_mtok),
@@ -403,6 +403,10 @@ class RecordedPrices:
         return _lookup(provider, model_id, at)
 
 
+MAX_PRICE_PER_MTOK = Decimal(1_000_000)
+"""The highest price accepted, in USD per million tokens (a dollar a token)."""
+
+
 def checked_price(name: str, value: object) -> Decimal:
     """``value`` (USD per million tokens) as a Decimal, or :class:`PricingError` saying why not.
 
@@ -420,15 +424,23 @@ def checked_price(name: str, value: object) -> Decimal:
         raise PricingError(
             f"{name} must be a finite number >= 0 in USD per million tokens, got {value!r}"
         )
+    if price > MAX_PRICE_PER_MTOK:
+        # A price past any model's is a typo (per token, not per million, or cents): priced
+        # in picodollars it would overflow the 64-bit integers a recorded cost is stored in.
+        raise PricingError(
+            f"{name} is {value!r} USD per million tokens, over the ceiling of"
+            f" {MAX_PRICE_PER_MTOK}: give the price in USD per million tokens"
+        )
     return price
 
 
 def normalized_model_key(provider: object, model_id: object) -> tuple[str, str]:
     """``(provider, model_id)`` stripped and lower-cased, as prices are matched.
 
-    Raises :class:`PricingError` for an empty or non-string name.
+    Raises :class:`PricingError` for an empty, non-string or unprintable name (it is the
+    key of a price being set).
     """
-    return _normalized_key(provider, model_id)
+    return _new_price_key(provider, model_id)
 
 
 def _flat_entry(
@@ -488,6 +500,22 @@ def _normalized_key(provider: object, model_id: object) -> tuple[str, str]:
             f"model_id must be a non-empty string such as 'gpt-4o', got {model_id!r}"
         )
     return provider.strip().lower(), model_id.strip().lower()
+
+
+def _new_price_key(provider: object, model_id: object) -> tuple[str, str]:
+    """The key of a price being set: as :func:`_normalized_key`, and printable.
+
+    Only new prices are held to it, so a price recorded before is still read.
+    """
+    key = _normalized_key(provider, model_id)
+    for name, value in zip(("provider", "model_id"), key, strict=True):
+        # A lone surrogate cannot be encoded as UTF-8: the recorded price could not be stored.
+        if not value.isprintable() or any("\ud800" <= c <= "\udfff" for c in value):
+            raise PricingError(
+                f"{name} {value!r} holds a control character or a lone surrogate: give the"
+                " provider's printable model name, e.g. 'gpt-4o'"
+            )
+    return key
 
 
 def _bundled_snapshot() -> DataSnapshot:

@@ -61,6 +61,7 @@ from little_es.errors import (
     LogTamperedError,
     PricingError,
     RunNotFoundError,
+    UnstorableEventError,
     WorldConfigError,
     WorldIntegrityError,
 )
@@ -364,6 +365,35 @@ class _BookPricer:
         raise AssertionError("unreachable")  # pragma: no cover
 
 
+def _check_own_run_event(event_class: object) -> None:
+    """Refuse, before anything is appended, a class that is not the caller's own RunEvent.
+
+    The protocol's events (``StepCompleted``, ``RunCompleted``, ...) and any
+    subclass of one are folded by the reducer as the protocol itself: appended
+    from outside they would complete, fail or rewind a run no driver ran.
+    """
+    if not isinstance(event_class, type) or not issubclass(event_class, RunEvent):
+        raise UnstorableEventError(
+            f"{getattr(event_class, '__qualname__', repr(event_class))} is not a RunEvent:"
+            " record_run_event takes an event class of your own; declare"
+            " `class MyEvent(RunEvent)` with a wire_name and pass the class"
+        )
+    protocol = next(
+        (
+            c
+            for c in event_class.__mro__
+            if c.__module__ == RunEvent.__module__ and issubclass(c, RunEvent) and c is not RunEvent
+        ),
+        None,
+    )
+    if protocol is not None:
+        raise UnstorableEventError(
+            f"{event_class.__qualname__} is the library's protocol event {protocol.__qualname__}"
+            " (or derives from it): only the runtime records it. Subclass RunEvent directly"
+            " for an event of your own"
+        )
+
+
 class World:
     """Runs' event logs and artifacts in one place. Use as a context manager to close it.
 
@@ -630,6 +660,7 @@ class World:
         every append the runtime makes: one that lost it records nothing.
         """
         run = self.load_run(run_id)
+        _check_own_run_event(event_class)
         event = run.trigger(event_class, **fields)
         check_leases()
         self.save(run)
@@ -891,6 +922,11 @@ def local_world(
             f"synchronous must be 'full' or 'normal', got {synchronous!r}"
             " (see little_es.backends.sqlite)"
         )
+    if not isinstance(data_dir, str | os.PathLike):
+        raise WorldConfigError(
+            f"data_dir must be a path (str or pathlib.Path), got {type(data_dir).__name__}:"
+            " pass the world's directory, e.g. local_world('.little-workflow')"
+        )
     root = Path(data_dir)
     if "\x00" in str(root):
         raise WorldConfigError("data_dir contains a NUL byte")
@@ -941,6 +977,11 @@ def open_world(url: str | None = None) -> World:
     ``sqlite:///relative/dir``, ``sqlite:////absolute/dir`` (``?synchronous=normal``
     for :func:`local_world`'s option), ``postgresql://...``, ``memory://``.
     """
+    if url is not None and not isinstance(url, str):
+        raise WorldConfigError(
+            f"a world URL is a string, got {type(url).__name__}: pass e.g."
+            " 'sqlite:///path/to/dir', 'postgresql://...' or 'memory://'"
+        )
     url = url or os.environ.get(WORLD_ENV_VAR) or f"sqlite:///{DEFAULT_DATA_DIR}"
     if url.startswith("memory:"):
         return memory_world()

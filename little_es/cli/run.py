@@ -21,7 +21,7 @@ from rich.markup import escape
 
 from little_es.cli.common import WorldOption
 from little_es.engine.local import run_workflow
-from little_es.errors import RunStoppedError, WorkflowRefError
+from little_es.errors import RunNotFoundError, RunStoppedError, WorkflowRefError
 from little_es.events import Event
 from little_es.render import StepBoard
 from little_es.values import Budget
@@ -81,11 +81,15 @@ def _drive(
     *,
     budget: Budget | None = None,
     resume_cancelled: bool = False,
+    must_exist: bool = False,
 ) -> None:
     console = Console()
     board = StepBoard()
     world = open_world(world_url)
     try:
+        # `resume` of a mistyped id must not start a new run under it.
+        if must_exist and run_id is not None and not world.run_exists(run_id):
+            raise RunNotFoundError(run_id, world.name)
         with Live(board.render(), console=console, refresh_per_second=8) as live:
 
             def observe(event: Event) -> None:
@@ -161,4 +165,5 @@ def resume_command(
         run_id,
         budget=budget,
         resume_cancelled=force_cancelled,
+        must_exist=True,
     )

@@ -49,6 +49,7 @@ from little_es.errors import (
     ConcurrencyConflictError,
     LittleEsError,
     RunFailedError,
+    RunRequestError,
     RunStoppedError,
     VisitLimitError,
 )
@@ -278,8 +279,13 @@ async def run_workflow(
     ``resume_cancelled=True``.
     """
     problem = check_run_request(workflow, input, budget)
+    if problem is None and not isinstance(world, World):
+        problem = (
+            f"world must be a little_es World, got {type(world).__name__}: open one with"
+            " open_world(), local_world(path) or memory_world()"
+        )
     if problem is not None:
-        raise TypeError(problem)
+        raise RunRequestError(problem)
     run_id = validate_run_id(run_id) if run_id is not None else new_run_id()
     with world.run_lease(run_id):
         existing = RunRecorder.load(world, run_id, observer=observer)

@@ -90,6 +90,7 @@ from little_es.events import (
     ModelResponded,
     ParallelBranchScheduled,
     RunCompleted,
+    RunEvent,
     RunStarted,
     SessionCompleted,
     SessionStarted,
@@ -324,6 +325,13 @@ _HOLD_LEASE = textwrap.dedent(
         time.sleep(120)
     """
 )
+
+
+class _LeaseNote(RunEvent):
+    """A user's own run event: the stale lease holder's attempt to record one is refused."""
+
+    wire_name: ClassVar[str] = "little_es.testing.LeaseNote"
+    note: str
 
 
 # ------------------------------------------------------------------------ cases
@@ -882,7 +890,7 @@ class BackendTestCase(WorldTestCase):
         # An event of the user's own, recorded by the stale holder, is refused too.
         world.save(_start_run("run_lease"))
         with self.assertRaises(LeaseLostError):
-            world.record_run_event("run_lease", RunCompleted, output="stale")
+            world.record_run_event("run_lease", _LeaseNote, note="stale")
         self.assertEqual(len(world.read_stream(run_stream_id("run_lease"))), 1)
         with other.run_lease("run_lease") as taken:
             taken.check()
