@@ -40,6 +40,7 @@ TURNS = 5
 
 _ledger: Path | None = None
 _sleep_s = 0.0
+_until: Path | None = None
 
 
 def record(line: str) -> None:
@@ -59,6 +60,11 @@ def _step(ctx: StepContext) -> str:
 
 def _slow(ctx: StepContext) -> str:
     record(f"step {ctx.step_path}")
+    if _until is not None:
+        # Held until the test says so: a loaded machine cannot finish the step early.
+        deadline = time.monotonic() + 60
+        while not _until.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
     time.sleep(_sleep_s)
     return "slow"
 
@@ -117,7 +123,7 @@ _WORKFLOWS = {"slow": SLOW, "agent": AGENT, "tree": TREE}
 
 def main(argv: list[str]) -> int:
     """Parse ``argv``, drive the run, print its outcome; return the exit code."""
-    global _ledger, _sleep_s
+    global _ledger, _sleep_s, _until
     parser = argparse.ArgumentParser()
     parser.add_argument("workflow", choices=sorted(_WORKFLOWS))
     parser.add_argument("--world", required=True)
@@ -125,10 +131,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--input", default="{}")
     parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--until", type=Path, help="the slow step waits until this file exists")
     parser.add_argument("--budget-calls", type=int)
     parser.add_argument("--force-cancelled", action="store_true")
     args = parser.parse_args(argv)
-    _ledger, _sleep_s = args.ledger, args.sleep
+    _ledger, _sleep_s, _until = args.ledger, args.sleep, args.until
     budget = None if args.budget_calls is None else Budget(model_calls=args.budget_calls)
     with open_world(args.world) as world:
         try:

@@ -110,9 +110,11 @@ def test_cancel_during_a_long_step_stops_before_the_next_one(
     world_spec: WorldSpec, tmp_path: Path
 ) -> None:
     ledger = tmp_path / "ledger"
-    driver = _child(world_spec, ledger, "slow", "--run-id", "run_cancel", "--sleep", "2")
+    release = tmp_path / "release"
+    driver = _child(world_spec, ledger, "slow", "--run-id", "run_cancel", "--until", str(release))
     _wait_for(ledger, "step slow", driver)
     cancelled = _little(world_spec, "cancel", "run_cancel", "--reason", "wrong ticket")
+    release.touch()
     assert cancelled.returncode == 0, cancelled.stderr
     assert "recorded RunCancelled" in cancelled.stdout
     code, out = _finish(driver)
