@@ -49,6 +49,7 @@ handle a family::
     │   ├── LogTamperedError                 a stream's hash chain is broken
     │   ├── WorldIntegrityError              the database is not this world's
     │   └── LeaseLostError                   this process no longer holds the run's lease
+    ├── StepSuspendedError                        not a failure: the attempt waits for sub-runs
     ├── ModelError                           a model provider call failed
     └── ToolError
         └── ToolArgumentsError (ValueError)
@@ -256,6 +257,25 @@ class OrchestratorContextError(StepExecutionError):
     recorded ``sub_run_id``; it cannot reserve a sub-run there."""
 
     retryable = False
+
+
+class StepSuspendedError(LittleEsError):
+    """A step attempt waits for sub-runs that its engine hosts outside this process.
+
+    Not a failure and not a stop: nothing is recorded for it, the attempt stays
+    in flight. The Temporal adapter raises it from a step activity whose
+    ``subworkflow`` step or ``start_workflow`` calls need sub-runs that have
+    not finished; the workflow starts them as child workflows, waits, then runs
+    the same attempt again, which finds their results in their logs. ``runs``
+    are the :class:`~little_es.engine.executor.HostedRun` requests.
+    """
+
+    def __init__(self, runs: tuple[object, ...]) -> None:
+        self.runs = runs
+        super().__init__(
+            f"the step waits for {len(runs)} sub-run(s) hosted by its engine; it runs again"
+            " once they finished"
+        )
 
 
 # ------------------------------------------- stopped on purpose: resumable
