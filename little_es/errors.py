@@ -35,7 +35,8 @@ handle a family::
     │   ├── RunFailedError                   retries ran out; resume once fixed
     │   ├── TurnLimitExceededError
     │   ├── SubRunFailedError
-    │   └── OrchestratorContextError
+    │   ├── OrchestratorContextError
+    │   └── EngineUnsupportedError          a step or tool cannot run on this engine
     ├── RunStoppedError                      the run was stopped on purpose; resumable
     │   ├── RunCancelledError                `little cancel` / cancel_run
     │   └── BudgetExceededError              the next model call would start past a budget
@@ -255,6 +256,13 @@ class SubRunFailedError(StepExecutionError):
 class OrchestratorContextError(StepExecutionError):
     """``start_workflow`` ran outside an agent step of the local runtime, or without its
     recorded ``sub_run_id``; it cannot reserve a sub-run there."""
+
+    retryable = False
+
+
+class EngineUnsupportedError(StepExecutionError):
+    """A step or tool of the workflow declares ``engines=[...]`` without the engine it is
+    started on. Raised before the run's first event is appended: nothing is recorded."""
 
     retryable = False
 

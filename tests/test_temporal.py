@@ -43,10 +43,11 @@ from little_es_temporal import (
 from little_es_temporal.devserver import find_temporal_binary
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowHistory
 from temporalio.exceptions import ActivityError
+from temporalio.service import RPCError
 
 from little_es.engine.executor import sub_run_id_for
 from little_es.engine.local import run_workflow
-from little_es.errors import RunFailedError, VisitLimitError
+from little_es.errors import EngineUnsupportedError, RunFailedError, VisitLimitError
 from little_es.events import Event, StepStarted
 from little_es.faults import CRASH_AFTER_EVENT
 from little_es.harness.model import ScriptedModel, ScriptedReply
@@ -55,7 +56,7 @@ from little_es.ids import session_stream_id, step_lease_id
 from little_es.orchestrator import sub_run_id_for_call
 from little_es.replay import replay_run
 from little_es.values import ToolCall, Usage
-from little_es.workflow.authoring import Workflow, agent
+from little_es.workflow.authoring import Workflow, agent, task
 from little_es.world import World, local_world
 
 pytestmark = [pytest.mark.temporal, pytest.mark.timeout(300)]
@@ -1069,3 +1070,14 @@ async def test_kept_histories_still_replay_with_this_code(name: str) -> None:
     text = (_HISTORIES / f"{name}.json").read_text()
     history = WorkflowHistory.from_json(f"kept-{name}", text)
     await _replay_history(history)
+
+
+async def test_a_local_only_step_refuses_the_run_before_temporal_or_the_log_hear_of_it(
+    client: Client, world: World
+) -> None:
+    workflow = Workflow("t_local_only", steps=[task("here", proc.step_a, engines=["local"])])
+    with pytest.raises(EngineUnsupportedError, match="runs on local only"):
+        await start_run(client, workflow, {}, run_id="run_local_only", task_queue=_queue())
+    with pytest.raises(RPCError):
+        await client.get_workflow_handle("run_local_only").describe()
+    assert not world.run_exists("run_local_only")

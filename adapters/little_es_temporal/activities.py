@@ -38,6 +38,7 @@ from little_es.engine.executor import (
     Retry,
     StepExecutor,
     SubRunHost,
+    check_engine,
     completed_step,
     execute_step,
     open_run,
@@ -350,6 +351,9 @@ class LittleActivities:
         """
         run_id = validate_run_id(input.run_id)
         workflow = self.registry.get(input.workflow_id, input.ir_hash)
+        # A child run (or a client that skipped start_run) meets the check here, before
+        # anything is appended; the refusal is not retryable.
+        check_engine(workflow, "temporal")
         given: Any = input.input
         if input.input_ref is not None:
             given = orjson.loads(self.world.artifacts.get(input.input_ref).payload)

@@ -44,7 +44,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 
 from little_es.durability import cancel_run as record_cancellation
 from little_es.durability import encode_output
-from little_es.engine.executor import check_run_request
+from little_es.engine.executor import check_engine, check_run_request
 from little_es.events import RunCancelled
 from little_es.ids import new_run_id, validate_run_id
 from little_es.values import Budget
@@ -219,6 +219,8 @@ async def start_run(
     problem = check_run_request(workflow, input, budget)
     if problem is not None:
         raise TemporalAdapterError(problem)
+    # Before Temporal or the log hears of the run.
+    check_engine(workflow, "temporal")
     if timeouts is not None and not isinstance(timeouts, StepTimeouts):
         raise TemporalAdapterError(
             f"timeouts must be a StepTimeouts, got {type(timeouts).__name__}"

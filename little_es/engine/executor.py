@@ -77,6 +77,7 @@ from little_es.engine.integrity import (
 from little_es.engine.walk import branch_path
 from little_es.errors import (
     BudgetExceededError,
+    EngineUnsupportedError,
     RunCancelledError,
     RunStateError,
     RunStoppedError,
@@ -119,6 +120,7 @@ __all__ = [
     "StepGuard",
     "SubRunHost",
     "call_maybe_async",
+    "check_engine",
     "check_run_request",
     "completed_step",
     "execute_step",
@@ -162,6 +164,46 @@ def check_run_request(workflow: object, input: object, budget: object = None) ->
             f" {type(budget).__name__}"
         )
     return None
+
+
+def check_engine(workflow: Workflow, engine: str) -> None:
+    """Refuse, with :class:`~little_es.errors.EngineUnsupportedError`, a run of ``workflow`` on
+    ``engine`` when one of its steps or tools (its sub-workflows' included, and the workflows
+    an orchestrator's tool may start) declares ``engines=[...]`` without it.
+
+    Engines call it before they append anything, so the refusal records nothing.
+    """
+    seen: set[tuple[str, str]] = set()
+
+    def refuse(flow: Workflow, what: str, engines: frozenset[str]) -> None:
+        raise EngineUnsupportedError(
+            f"workflow {flow.id!r}: {what} runs on {', '.join(sorted(engines))} only, and"
+            f" this run was started on {engine}: run it there, or declare the step or tool"
+            f" with engines=[..., {engine!r}] once it supports it (nothing was recorded)"
+        )
+
+    def walk(flow: Workflow) -> None:
+        if (flow.id, flow.ir_hash) in seen:
+            return
+        seen.add((flow.id, flow.ir_hash))
+        for step in flow.steps:
+            inner = step.step if isinstance(step, ParallelStep) else step
+            if isinstance(inner, TaskStep) and inner.engines and engine not in inner.engines:
+                refuse(flow, f"step {inner.id!r}", inner.engines)
+            if isinstance(inner, SubworkflowStep):
+                walk(inner.workflow)
+            if isinstance(inner, AgentStep):
+                for found in inner.tools.values():
+                    if found.engines and engine not in found.engines:
+                        what = f"tool {found.name!r} of agent step {inner.id!r}"
+                        refuse(flow, what, found.engines)
+                    started = getattr(found, "workflows", None)
+                    if isinstance(started, Mapping):
+                        for child in started.values():
+                            if isinstance(child, Workflow):
+                                walk(child)
+
+    walk(workflow)
 
 
 async def call_maybe_async(fn: Callable[..., Any], *args: Any) -> Any:

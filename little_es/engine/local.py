@@ -42,6 +42,7 @@ from little_es.engine.executor import (
     StepExecutor,
     StepGuard,
     SubRunHost,
+    check_engine,
     check_run_request,
     open_run,
 )
@@ -286,6 +287,7 @@ async def run_workflow(
     problem = check_run_request(workflow, input, budget)
     if problem is not None:
         raise TypeError(problem)
+    check_engine(workflow, "local")
     run_id = validate_run_id(run_id) if run_id is not None else new_run_id()
     with world.run_lease(run_id):
         existing = RunRecorder.load(world, run_id, observer=observer)
