@@ -34,17 +34,15 @@ from little_es_temporal import (
     RunDone,
     StepTimeouts,
     TemporalAdapterError,
-    TemporalBinaryNotFoundError,
-    connect,
     create_replayer,
     create_worker,
     start_run,
 )
-from little_es_temporal.devserver import find_temporal_binary
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowHistory
 from temporalio.exceptions import ActivityError
 from temporalio.service import RPCError
 
+import tests._temporal_support as _support
 from little_es.engine.executor import sub_run_id_for
 from little_es.engine.local import run_workflow
 from little_es.errors import EngineUnsupportedError, RunFailedError, VisitLimitError
@@ -59,6 +57,10 @@ from little_es.values import ToolCall, Usage
 from little_es.workflow.authoring import Workflow, agent, task
 from little_es.world import World, local_world
 
+# The shared fixtures, bound to the names pytest finds them by.
+dev_server = _support.dev_server
+client = _support.client
+
 pytestmark = [pytest.mark.temporal, pytest.mark.timeout(300)]
 
 _REPO = Path(__file__).resolve().parents[1]
@@ -67,39 +69,6 @@ _FAST = StepTimeouts(heartbeat=timedelta(seconds=2))
 """Short heartbeats, so the retry after a SIGKILL comes within seconds."""
 
 _TIMESTAMP_KEYS = frozenset({"timestamp", "started_at", "updated_at", "completed_at"})
-
-
-@pytest.fixture(scope="module")
-def dev_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevServer]:
-    """A Temporal dev server for this module, stopped afterwards."""
-    try:
-        binary = find_temporal_binary()
-    except TemporalBinaryNotFoundError as exc:
-        reason = f"{exc} (the Temporal tests need the dev server binary)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
-    server = DevServer(binary=binary, db_filename=tmp_path_factory.mktemp("temporal") / "db")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-        # The SDK's core can crash at interpreter exit if torn down too fast.
-        time.sleep(0.2)
-
-
-@pytest.fixture
-async def client(dev_server: DevServer) -> Client:
-    """A client with the pydantic data converter (retried while the server warms up)."""
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            return await connect(dev_server.address)
-        except RuntimeError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.2)
 
 
 @pytest.fixture
@@ -1072,6 +1041,7 @@ async def test_kept_histories_still_replay_with_this_code(name: str) -> None:
     await _replay_history(history)
 
 
+@pytest.mark.backends("memory")
 async def test_a_local_only_step_refuses_the_run_before_temporal_or_the_log_hear_of_it(
     client: Client, world: World
 ) -> None:
