@@ -36,7 +36,7 @@ handle a family::
     │   ├── TurnLimitExceededError
     │   ├── SubRunFailedError
     │   ├── OrchestratorContextError
-    │   └── EngineUnsupportedError          a step or tool cannot run on this engine
+    │   └── EngineUnsupportedError           a step or tool cannot run on this engine
     ├── RunStoppedError                      the run was stopped on purpose; resumable
     │   ├── RunCancelledError                `little cancel` / cancel_run
     │   └── BudgetExceededError              the next model call would start past a budget
@@ -50,7 +50,7 @@ handle a family::
     │   ├── LogTamperedError                 a stream's hash chain is broken
     │   ├── WorldIntegrityError              the database is not this world's
     │   └── LeaseLostError                   this process no longer holds the run's lease
-    ├── StepSuspendedError                        not a failure: the attempt waits for sub-runs
+    ├── StepSuspendedError                   not a failure: the attempt waits for sub-runs
     ├── ModelError                           a model provider call failed
     └── ToolError
         └── ToolArgumentsError (ValueError)
@@ -254,8 +254,9 @@ class SubRunFailedError(StepExecutionError):
 
 
 class OrchestratorContextError(StepExecutionError):
-    """``start_workflow`` ran outside an agent step of the local runtime, or without its
-    recorded ``sub_run_id``; it cannot reserve a sub-run there."""
+    """``start_workflow`` ran outside an agent step of an engine (``run_workflow``, a
+    Temporal worker), or without its recorded ``sub_run_id``; it cannot reserve a sub-run
+    there."""
 
     retryable = False
 
