@@ -39,7 +39,8 @@ handle a family::
     │   ├── TurnLimitExceededError
     │   ├── SubRunFailedError
     │   ├── OrchestratorContextError
-    │   └── PlannerAnswerError               an outer loop's planner did not answer a decision
+    │   ├── PlannerAnswerError               an outer loop's planner did not answer a decision
+    │   └── EngineUnsupportedError           a step or tool cannot run on this engine
     ├── RunStoppedError                      the run was stopped on purpose; resumable
     │   ├── RunCancelledError                `little cancel` / cancel_run
     │   └── BudgetExceededError              the next model call would start past a budget
@@ -54,6 +55,7 @@ handle a family::
     │   ├── LogTamperedError                 a stream's hash chain is broken
     │   ├── WorldIntegrityError              the database is not this world's
     │   └── LeaseLostError                   this process no longer holds the run's lease
+    ├── StepSuspendedError                   not a failure: the attempt waits for sub-runs
     ├── ModelError                           a model provider call failed
     └── ToolError
         └── ToolArgumentsError (ValueError)
@@ -278,8 +280,9 @@ class SubRunFailedError(StepExecutionError):
 
 
 class OrchestratorContextError(StepExecutionError):
-    """``start_workflow`` ran outside an agent step of the local runtime, or without its
-    recorded ``sub_run_id``; it cannot reserve a sub-run there."""
+    """``start_workflow`` ran outside an agent step of an engine (``run_workflow``, a
+    Temporal worker), or without its recorded ``sub_run_id``; it cannot reserve a sub-run
+    there."""
 
     retryable = False
 
@@ -288,6 +291,32 @@ class PlannerAnswerError(StepExecutionError):
     """An outer loop's planner answered something that is not a :class:`PlannerDecision`."""
 
     retryable = False
+
+
+class EngineUnsupportedError(StepExecutionError):
+    """A step or tool of the workflow declares ``engines=[...]`` without the engine it is
+    started on. Raised before the run's first event is appended: nothing is recorded."""
+
+    retryable = False
+
+
+class StepSuspendedError(LittleEsError):
+    """A step attempt waits for sub-runs that its engine hosts outside this process.
+
+    Not a failure and not a stop: nothing is recorded for it, the attempt stays
+    in flight. The Temporal adapter raises it from a step activity whose
+    ``subworkflow`` step or ``start_workflow`` calls need sub-runs that have
+    not finished; the workflow starts them as child workflows, waits, then runs
+    the same attempt again, which finds their results in their logs. ``runs``
+    are the :class:`~little_es.engine.executor.HostedRun` requests.
+    """
+
+    def __init__(self, runs: tuple[object, ...]) -> None:
+        self.runs = runs
+        super().__init__(
+            f"the step waits for {len(runs)} sub-run(s) hosted by its engine; it runs again"
+            " once they finished"
+        )
 
 
 # ------------------------------------------- stopped on purpose: resumable

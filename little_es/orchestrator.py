@@ -15,11 +15,10 @@ streams are involved, and each is the truth about its own part:
 The sub-run id is a pure function of ``(parent run id, session id, call id)``
 (:func:`sub_run_id_for_call`). The tool adds it to the call's arguments before
 the harness records ``harness.tool_call.started`` (the session's
-``prepare_args`` hook), and commits ``SubRunReserved`` through the parent's own
-:class:`~little_es.durability.RunRecorder` (the one object holding the parent's
-``Run`` aggregate, exposed by
-:func:`~little_es.engine.local.current_run_recorder`) before the sub-run
-starts. So a crash can never produce a second sub-run for a call; on resume:
+``prepare_args`` hook), and commits ``SubRunReserved`` through the step
+executor of the parent's running step (its writer holds the parent's ``Run``
+stream) before the sub-run starts. So a crash can never produce a second
+sub-run for a call; on resume:
 
 * a call with a recorded result fast-forwards from the orchestrator's log;
 * a call in flight is invoked again with its recorded arguments, hence the
@@ -37,8 +36,10 @@ A retry of the orchestrator's step after a recorded failure is a new attempt,
 hence a new harness session, whose calls start new sub-runs; a process that
 merely crashed continues the same session and the same sub-runs.
 
-The tool needs the local runtime: it must be called from an agent step of
-:func:`~little_es.engine.local.run_workflow`.
+The tool must be called from an agent step of an engine: the step executor's
+:class:`~little_es.engine.executor.SubRunHost` runs the sub-run, in this
+process with :func:`~little_es.engine.local.run_workflow`, as a child workflow
+(whose id is the sub-run id) with the Temporal adapter.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from little_es.engine.local import current_run_recorder, run_workflow
+from little_es.engine.executor import HostedRun, StepGuard
 from little_es.errors import (
     OrchestratorContextError,
     RunFailedError,
@@ -59,6 +60,7 @@ from little_es.errors import (
     ToolArgumentsError,
 )
 from little_es.events import SubRunReserved
+from little_es.harness.guard import current_guard
 from little_es.harness.tools import Tool, ToolContext
 from little_es.ids import validate_run_id
 from little_es.materialize import (
@@ -176,33 +178,30 @@ class _StartWorkflowTool(Tool):
                 tool=self.name,
                 fields=("workflow_id",),
             )
-        recorder = current_run_recorder()
-        if recorder is None or recorder.run_id != ctx.run_id:
+        guard = current_guard()
+        executor = guard.executor if isinstance(guard, StepGuard) else None
+        if executor is None or executor.run_id != ctx.run_id:
             raise OrchestratorContextError(
                 f"start_workflow call {ctx.call_id!r} of run {ctx.run_id!r} is not running in an"
-                " agent step of run_workflow (little_es's local runtime), so it cannot reserve"
-                " the sub-run on the run's stream: put the tool on an agent() step and run the"
-                " workflow with run_workflow"
+                " agent step of an engine (run_workflow, or a worker of little_es_temporal), so"
+                " it cannot reserve the sub-run on the run's stream: put the tool on an agent()"
+                " step and run the workflow with run_workflow or little_es_temporal.start_run"
             )
         # A re-dispatched call finds its reservation committed by the process
         # that crashed; reserving again would record a second sub-run.
-        if sub_run_id not in recorder.fold.sub_run_ids:
-            recorder.sub_run_reserved(
-                ctx.step_path, sub_run_id=sub_run_id, workflow_id=workflow.id, call_id=ctx.call_id
-            )
+        await executor.reserve_sub_run(
+            ctx.step_path, sub_run_id=sub_run_id, workflow_id=workflow.id, call_id=ctx.call_id
+        )
+        request_run = HostedRun(
+            sub_run_id, workflow, dict(request["input"]), ctx.run_id, ctx.step_path
+        )
         async with self._limit(ctx.run_id):
             try:
-                result = await run_workflow(
-                    recorder.world,
-                    workflow,
-                    request["input"],
-                    run_id=sub_run_id,
-                    _parent=(ctx.run_id, ctx.step_path),
-                )
+                # The engine's host: in this process locally, a child workflow on Temporal.
+                output: JSONValue = await executor.host_run(request_run)
             except RunFailedError as exc:
                 raise SubRunFailedError(sub_run_id, exc.step_path, exc.error) from exc
-        output: JSONValue = result.output
-        return {"sub_run_id": sub_run_id, "status": result.state.status, "output": output}
+        return {"sub_run_id": sub_run_id, "status": "completed", "output": output}
 
     @asynccontextmanager
     async def _limit(self, parent_run_id: str) -> AsyncIterator[None]:

@@ -40,6 +40,7 @@ import orjson
 
 from little_es.harness.model import ScriptedModel, ScriptedReply
 from little_es.harness.tools import ToolContext, tool
+from little_es.orchestrator import start_workflow_tool
 from little_es.values import ModelRequest, ToolCall, Usage
 from little_es.workflow.authoring import Workflow, agent, decision, parallel, subworkflow, task
 from little_es.workflow.context import StepContext
@@ -324,6 +325,64 @@ BAD_WORKFLOWS = (
 """Workflows whose parallel group's branches function fails / whose decision jumps nowhere."""
 
 
+# ------------------------------------------------------------ an orchestrator
+
+CRASH_IN_ITEM_ENV = "LITTLE_ES_TEST_CRASH_IN_ITEM"
+
+
+async def item(ctx: StepContext) -> dict[str, Any]:
+    """A sub-run's only step; with ``LITTLE_ES_TEST_CRASH_IN_ITEM=n`` item n kills the process,
+    a second after the others started (so they finish first)."""
+    _ledger("item", ctx.run_id, ctx.input["n"])
+    if os.environ.get(CRASH_IN_ITEM_ENV) == str(ctx.input["n"]):
+        await asyncio.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return {"n": ctx.input["n"], "squared": ctx.input["n"] ** 2}
+
+
+ITEM_WORKFLOW = Workflow("t_item", version="1", steps=[task("work", item)])
+
+
+def _orchestrate(request: ModelRequest) -> ScriptedReply:
+    turn = 1 + sum(1 for m in request.messages if m.role == "assistant")
+    _ledger("model", _run_of(request), turn)
+    if turn == 1:
+        found = re.search(r"Fan out (\d+)", request.messages[-1].content or "")
+        count = int(found.group(1)) if found else 1
+        calls = tuple(
+            ToolCall(
+                id=f"w{i}",
+                name="start_workflow",
+                arguments={"workflow_id": "t_item", "input": {"n": i}},
+            )
+            for i in range(count)
+        )
+        return ScriptedReply(content="fanning out", tool_calls=calls)
+    results = [m.content for m in request.messages if m.role == "tool"]
+    return ScriptedReply(content=f"{len(results)} sub-runs: " + " | ".join(map(str, results)))
+
+
+def orchestrate_prompt(ctx: StepContext) -> str:
+    """How many sub-runs to start."""
+    return f"[run {ctx.run_id}] Fan out {ctx.input['count']}"
+
+
+ORCHESTRATOR_WORKFLOW = Workflow(
+    "t_orchestrator",
+    version="1",
+    steps=[
+        agent(
+            "plan",
+            model=ScriptedModel(respond=_orchestrate, provider="openai", model_id="gpt-4o-mini"),
+            tools=[start_workflow_tool([ITEM_WORKFLOW], max_concurrency=1)],
+            prompt=orchestrate_prompt,
+        )
+    ],
+)
+"""An agent that starts ``input["count"]`` sub-runs of :data:`ITEM_WORKFLOW` in one turn
+(one at a time on the local engine, as child workflows on Temporal), then sums them up."""
+
+
 WORKFLOWS: dict[str, Workflow] = {
     w.id: w
     for w in (
@@ -334,6 +393,7 @@ WORKFLOWS: dict[str, Workflow] = {
         FAILING_PARENT_WORKFLOW,
         LOOPING_WORKFLOW,
         *BAD_WORKFLOWS,
+        ORCHESTRATOR_WORKFLOW,
     )
 }
 

@@ -34,27 +34,32 @@ from little_es_temporal import (
     RunDone,
     StepTimeouts,
     TemporalAdapterError,
-    TemporalBinaryNotFoundError,
-    connect,
+    create_replayer,
     create_worker,
     start_run,
 )
-from little_es_temporal.devserver import find_temporal_binary
-from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowHistory
 from temporalio.exceptions import ActivityError
+from temporalio.service import RPCError
 
+import tests._temporal_support as _support
 from little_es.engine.executor import sub_run_id_for
 from little_es.engine.local import run_workflow
-from little_es.errors import RunFailedError, VisitLimitError
+from little_es.errors import EngineUnsupportedError, RunFailedError, VisitLimitError
 from little_es.events import Event, StepStarted
 from little_es.faults import CRASH_AFTER_EVENT
 from little_es.harness.model import ScriptedModel, ScriptedReply
 from little_es.harness.tools import ToolContext, tool
-from little_es.ids import step_lease_id
+from little_es.ids import session_stream_id, step_lease_id
+from little_es.orchestrator import sub_run_id_for_call
 from little_es.replay import replay_run
 from little_es.values import ToolCall, Usage
-from little_es.workflow.authoring import Workflow, agent
+from little_es.workflow.authoring import Workflow, agent, task
 from little_es.world import World, local_world
+
+# The shared fixtures, bound to the names pytest finds them by.
+dev_server = _support.dev_server
+client = _support.client
 
 pytestmark = [pytest.mark.temporal, pytest.mark.timeout(300)]
 
@@ -64,39 +69,6 @@ _FAST = StepTimeouts(heartbeat=timedelta(seconds=2))
 """Short heartbeats, so the retry after a SIGKILL comes within seconds."""
 
 _TIMESTAMP_KEYS = frozenset({"timestamp", "started_at", "updated_at", "completed_at"})
-
-
-@pytest.fixture(scope="module")
-def dev_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevServer]:
-    """A Temporal dev server for this module, stopped afterwards."""
-    try:
-        binary = find_temporal_binary()
-    except TemporalBinaryNotFoundError as exc:
-        reason = f"{exc} (the Temporal tests need the dev server binary)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
-    server = DevServer(binary=binary, db_filename=tmp_path_factory.mktemp("temporal") / "db")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-        # The SDK's core can crash at interpreter exit if torn down too fast.
-        time.sleep(0.2)
-
-
-@pytest.fixture
-async def client(dev_server: DevServer) -> Client:
-    """A client with the pydantic data converter (retried while the server warms up)."""
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            return await connect(dev_server.address)
-        except RuntimeError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.2)
 
 
 @pytest.fixture
@@ -362,6 +334,10 @@ async def test_sigkill_mid_agent_step_second_worker_replays_committed_calls(
         if e.HasField("activity_task_started_event_attributes")
     ]
     assert 2 in attempts
+    # A history with a worker killed mid-turn replays with this code.
+    await _replay_history(history)
+    if os.environ.get(_WRITE_HISTORIES):
+        (_HISTORIES / "agent_killed.json").write_text(history.to_json())
 
 
 async def test_terminated_workflow_restarted_with_same_id_skips_committed_steps(
@@ -869,3 +845,209 @@ async def test_a_step_that_loses_its_lease_on_temporal_stops_and_its_retry_conti
         assert calls == ["c1", "c1"] and model.calls == 2
         assert not _log_has(world, "run_lease_temporal", "StepFailed")
         assert replay_run(world, "run_lease_temporal").state.steps["agent"].attempts == 1
+
+
+# ------------------------------------------------------------ orchestrators: sub-runs
+
+
+def _item_ids(run_id: str, count: int) -> list[str]:
+    session_id = str(session_stream_id(run_id, "plan", 1))
+    return [sub_run_id_for_call(run_id, session_id, f"w{i}") for i in range(count)]
+
+
+async def _replay_history(history: WorkflowHistory) -> None:
+    # The worker's own configuration: interceptor, converter, sandbox.
+    replayer = create_replayer()
+    result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+    assert result.replay_failure is None, result.replay_failure
+
+
+async def test_an_orchestrator_on_temporal_runs_its_sub_runs_as_child_workflows(
+    client: Client, tmp_path: Path, ledger: Path
+) -> None:
+    workflow = proc.ORCHESTRATOR_WORKFLOW
+    with local_world(tmp_path / "local") as local, local_world(tmp_path / "temporal") as remote:
+        await run_workflow(local, workflow, {"count": 3}, run_id="run_orch")
+        queue = _queue()
+        async with _worker(client, remote, queue):
+            handle = await start_run(
+                client, workflow, {"count": 3}, run_id="run_orch", task_queue=queue
+            )
+            done = await handle.result()
+            ids = _item_ids("run_orch", 3)
+            for sub_run_id in ids:
+                # Each sub-run is a Temporal workflow of its own, id = the reserved id.
+                child = await client.get_workflow_handle(sub_run_id).describe()
+                assert child.status is not None and child.status.name == "COMPLETED"
+            history = await handle.fetch_history()
+        assert isinstance(done.output, str) and done.output.startswith("3 sub-runs: ")
+        assert done.output == replay_run(local, "run_orch").state.output
+        # The same states on both engines (the parent's streams interleave differently:
+        # locally one sub-run at a time, on Temporal all at once), the same sub-run logs.
+        assert replay_run(remote, "run_orch").state.model_dump(
+            exclude={"started_at", "updated_at", "completed_at"}
+        ) == replay_run(local, "run_orch").state.model_dump(
+            exclude={"started_at", "updated_at", "completed_at"}
+        )
+        for sub_run_id in ids:
+            assert _events(remote, sub_run_id) == _events(local, sub_run_id)
+        reserved = [
+            e.sub_run_id for e in remote.read_run_log("run_orch") if e.wire_name == "SubRunReserved"
+        ]
+        assert reserved == ids
+    items = Counter(e["run_id"] for e in proc.read_ledger(ledger) if e["kind"] == "item")
+    assert items == Counter({i: 2 for i in ids})  # once locally, once on Temporal
+    await _replay_history(history)
+    kept = _HISTORIES / "orchestrator.json"
+    if os.environ.get(_WRITE_HISTORIES):
+        kept.write_text(history.to_json())
+
+
+async def test_sigkill_among_child_workflows_reruns_only_the_one_in_flight(
+    dev_server: DevServer,
+    client: Client,
+    tmp_path: Path,
+    ledger: Path,
+    worker_processes: list[_WorkerProcess],
+) -> None:
+    world_url = f"sqlite:///{tmp_path / 'world'}"
+    queue = _queue()
+    first = _WorkerProcess(
+        dev_server, queue, world_url, ledger, tmp_path, env={proc.CRASH_IN_ITEM_ENV: "2"}
+    )
+    worker_processes.append(first)
+    first.wait_ready()
+    handle = await start_run(
+        client,
+        proc.ORCHESTRATOR_WORKFLOW,
+        {"count": 3},
+        run_id="run_orch_kill",
+        task_queue=queue,
+        timeouts=_FAST,
+    )
+    # Items 0 and 1 finish; item 2 kills the worker a second later.
+    assert await first.wait_exit() == -signal.SIGKILL
+    ids = _item_ids("run_orch_kill", 3)
+    with local_world(tmp_path / "world") as world:
+        assert [replay_run(world, i).state.status for i in ids[:2]] == ["completed"] * 2
+        assert replay_run(world, ids[2]).state.status == "running"
+    second = _WorkerProcess(dev_server, queue, world_url, ledger, tmp_path)
+    worker_processes.append(second)
+    second.wait_ready()
+    done = await asyncio.wait_for(handle.result(), 120)
+    assert isinstance(done.output, str) and done.output.startswith("3 sub-runs: ")
+    items = [(e["run_id"], e["pid"]) for e in proc.read_ledger(ledger) if e["kind"] == "item"]
+    # The two completed sub-runs never ran again; the one in flight ran again, same id.
+    assert sorted(items) == sorted(
+        [(ids[0], first.pid), (ids[1], first.pid), (ids[2], first.pid), (ids[2], second.pid)]
+    )
+    assert _calls(ledger, "model") == [(1, first.pid), (2, second.pid)]
+    with local_world(tmp_path / "world") as world:
+        state = replay_run(world, "run_orch_kill").state
+        assert state.status == "completed" and state.steps["plan"].attempts == 1
+        reserved = [
+            e.sub_run_id
+            for e in world.read_run_log("run_orch_kill")
+            if e.wire_name == "SubRunReserved"
+        ]
+        assert reserved == ids
+    await _replay_history(await handle.fetch_history())
+
+
+async def test_a_sub_run_completed_but_unrecorded_locally_is_recorded_on_temporal_without_rerunning(
+    client: Client, tmp_path: Path, ledger: Path
+) -> None:
+    world_dir = tmp_path / "world"
+    # The local process dies right after the first sub-run's RunCompleted, before the
+    # orchestrator's log records the call's result.
+    local = subprocess.run(
+        [
+            sys.executable,
+            str(_PROC),
+            "local",
+            "--world",
+            f"sqlite:///{world_dir}",
+            "--ledger",
+            str(ledger),
+            "--workflow",
+            "t_orchestrator",
+            "--run-id",
+            "run_orch_x",
+            "--input",
+            '{"count": 3}',
+        ],
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(_REPO), str(_REPO / "adapters")]),
+            CRASH_AFTER_EVENT: "RunCompleted",
+        },
+        capture_output=True,
+        timeout=60,
+    )
+    assert local.returncode == -signal.SIGKILL, local.stderr.decode()
+    ids = _item_ids("run_orch_x", 3)
+    with local_world(world_dir) as world:
+        assert replay_run(world, ids[0]).state.status == "completed"
+        assert not _log_has(world, "run_orch_x", "harness.tool_call.succeeded")
+        queue = _queue()
+        async with _worker(client, world, queue):
+            handle = await start_run(
+                client, proc.ORCHESTRATOR_WORKFLOW, run_id="run_orch_x", task_queue=queue
+            )
+            done = await handle.result()
+        assert isinstance(done.output, str) and done.output.startswith("3 sub-runs: ")
+        succeeded = [
+            e.call_id
+            for e in world.read_run_log("run_orch_x")
+            if e.wire_name == "harness.tool_call.succeeded"
+        ]
+        assert sorted(succeeded) == ["w0", "w1", "w2"]
+    items = Counter(e["run_id"] for e in proc.read_ledger(ledger) if e["kind"] == "item")
+    assert items == Counter({ids[0]: 1, ids[1]: 1, ids[2]: 1})  # the first not run again
+    assert [w for w, _ in _calls(ledger, "model")] == [1, 2]
+
+
+# ------------------------------------------------------------ Temporal's determinism check
+
+_HISTORIES = Path(__file__).resolve().parent / "histories"
+_WRITE_HISTORIES = "LITTLE_ES_WRITE_HISTORIES"
+"""Set it to rewrite the kept histories from this run (after a deliberate, patched change)."""
+
+
+@pytest.mark.backends("memory")
+async def test_histories_of_the_adapters_workflows_replay_without_nondeterminism(
+    client: Client, world: World, ledger: Path
+) -> None:
+    queue = _queue()
+    async with _worker(client, world, queue):
+        plain = await start_run(
+            client,
+            proc.MIXED_WORKFLOW,
+            {"files": ["a.py"], "topic": "T", "turns": 2},
+            run_id="run_hist_mixed",
+            task_queue=queue,
+        )
+        await plain.result()
+    history = await plain.fetch_history()
+    await _replay_history(history)
+    if os.environ.get(_WRITE_HISTORIES):
+        (_HISTORIES / "mixed.json").write_text(history.to_json())
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in _HISTORIES.glob("*.json")))
+async def test_kept_histories_still_replay_with_this_code(name: str) -> None:
+    text = (_HISTORIES / f"{name}.json").read_text()
+    history = WorkflowHistory.from_json(f"kept-{name}", text)
+    await _replay_history(history)
+
+
+@pytest.mark.backends("memory")
+async def test_a_local_only_step_refuses_the_run_before_temporal_or_the_log_hear_of_it(
+    client: Client, world: World
+) -> None:
+    workflow = Workflow("t_local_only", steps=[task("here", proc.step_a, engines=["local"])])
+    with pytest.raises(EngineUnsupportedError, match="runs on local only"):
+        await start_run(client, workflow, {}, run_id="run_local_only", task_queue=_queue())
+    with pytest.raises(RPCError):
+        await client.get_workflow_handle("run_local_only").describe()
+    assert not world.run_exists("run_local_only")

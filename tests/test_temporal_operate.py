@@ -20,7 +20,6 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -28,56 +27,27 @@ import pytest
 from little_es_temporal import (
     DevServer,
     StepTimeouts,
-    TemporalBinaryNotFoundError,
     cancel_run,
-    connect,
     create_worker,
     start_run,
 )
-from little_es_temporal.devserver import find_temporal_binary
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import CancelledError
 
+import tests._temporal_support as _support
 from little_es.events import RunCancelled, RunFailed, StepFailed
 from little_es.replay import replay_run
 from little_es.values import Budget
 from little_es.world import World, local_world
 from tests import _operate_proc as op
 
+# The shared fixtures, bound to the names pytest finds them by.
+dev_server = _support.dev_server
+client = _support.client
+
 pytestmark = [pytest.mark.temporal, pytest.mark.timeout(300)]
 
 _FAST = StepTimeouts(heartbeat=timedelta(seconds=1))
-
-
-@pytest.fixture(scope="module")
-def dev_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevServer]:
-    """A Temporal dev server for this module, stopped afterwards."""
-    try:
-        binary = find_temporal_binary()
-    except TemporalBinaryNotFoundError as exc:
-        reason = f"{exc} (the Temporal tests need the dev server binary)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
-    server = DevServer(binary=binary, db_filename=tmp_path_factory.mktemp("temporal") / "db")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-        time.sleep(0.2)
-
-
-@pytest.fixture
-async def client(dev_server: DevServer) -> Client:
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            return await connect(dev_server.address)
-        except RuntimeError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.2)
 
 
 @pytest.fixture

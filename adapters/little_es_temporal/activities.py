@@ -18,7 +18,7 @@ and settles the attempt, and maps every activity's errors to Temporal's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -33,20 +33,23 @@ from little_es.engine.executor import (
     CodeStep,
     Committed,
     GroupScheduled,
+    HostedRun,
     Outcome,
     Retry,
     StepExecutor,
+    SubRunHost,
+    check_engine,
     completed_step,
     execute_step,
     open_run,
     sub_run_id_for,
 )
-from little_es.errors import ConcurrencyConflictError, RunFailedError
+from little_es.errors import ConcurrencyConflictError, RunFailedError, StepSuspendedError
 from little_es.ids import validate_run_id
 from little_es.logging import get_logger
 from little_es.materialize import RunFold, StepFold
 from little_es.values import ErrorInfo, JSONValue
-from little_es.workflow.authoring import ParallelStep, SubworkflowStep, Workflow
+from little_es.workflow.authoring import AgentStep, ParallelStep, SubworkflowStep, Workflow
 from little_es.workflow.context import StepContext
 from little_es.workflow.paths import parse_step_path
 from little_es.world import World
@@ -73,6 +76,7 @@ from little_es_temporal.models import (
     StepRetry,
     SubRunFailure,
     SubRunPlan,
+    SubRunStart,
 )
 from little_es_temporal.stream import RunCache, TemporalRunWriter
 
@@ -80,6 +84,7 @@ __all__ = [
     "CURRENT_STEP",
     "LittleActivities",
     "StepCall",
+    "TemporalSubRunHost",
     "WorkflowRegistry",
     "done_from_fold",
 ]
@@ -121,6 +126,13 @@ class WorkflowRegistry:
             inner = step.step if isinstance(step, ParallelStep) else step
             if isinstance(inner, SubworkflowStep):
                 self._add(inner.workflow)
+            if isinstance(inner, AgentStep):
+                # An orchestrator's start_workflow tool names the workflows it may start.
+                for found in inner.tools.values():
+                    started = getattr(found, "workflows", None)
+                    if isinstance(started, Mapping):
+                        for child in started.values():
+                            self._add(child)
 
     @property
     def workflows(self) -> tuple[Workflow, ...]:
@@ -165,6 +177,63 @@ def done_from_fold(step: StepFold, *, executed: bool) -> StepDone:
 
 def _done(committed: Committed) -> StepDone:
     return done_from_fold(committed.step, executed=committed.executed)
+
+
+def child_input(world: World, run_id: str, value: Any) -> tuple[Any, Any]:
+    """``(inline, input_ref)``: a child run's input inline when small, else as an artifact."""
+    data = encode_output("<input>", value)
+    if len(data) <= TEMPORAL_INLINE_LIMIT:
+        return orjson.loads(data), None
+    ref = world.artifacts.put(
+        data, run_id=run_id, step_path="<input>", media_type="application/json"
+    )
+    return None, ref
+
+
+class TemporalSubRunHost(SubRunHost):
+    """The adapter's :class:`~little_es.engine.executor.SubRunHost`: sub-runs are child workflows.
+
+    A step activity cannot wait for a workflow, so a sub-run that has not
+    finished suspends the attempt (:class:`~little_es.errors.StepSuspendedError`,
+    nothing recorded); the workflow starts the child workflows (id = the
+    reserved sub-run id), waits, and runs the same attempt again, which reads
+    each sub-run's result from its log: a completed sub-run is never run again.
+    A failed one is the step's failure only when its child workflow just ran
+    for this step (``hosted``); otherwise (a retried step) it is run again,
+    resuming from its own log, as ``run_workflow`` would.
+    """
+
+    def __init__(self, activities: LittleActivities, hosted: Iterable[str]) -> None:
+        self.activities = activities
+        self.hosted = frozenset(hosted)
+
+    async def run(self, request: HostedRun) -> Any:
+        child = self.activities.runs.recorder(request.run_id)
+        fold = child.fold if child is not None else None
+        if fold is not None and fold.status == "completed":
+            return read_output(self.activities.world, fold.output, fold.output_ref)
+        if request.run_id in self.hosted:
+            if fold is not None and fold.status == "failed" and fold.error is not None:
+                raise RunFailedError(request.run_id, fold.failed_step_path, fold.error)
+            raise TemporalAdapterError(
+                f"sub-run {request.run_id!r}: its child workflow ended but its log shows it"
+                f" {fold.status if fold is not None else 'not started'}: see that workflow's"
+                " failure in Temporal"
+            )
+        raise StepSuspendedError((request,))
+
+    def start(self, request: HostedRun) -> SubRunStart:
+        """The child workflow to start for ``request``."""
+        inline, ref = child_input(self.activities.world, request.run_id, dict(request.input))
+        return SubRunStart(
+            run_id=request.run_id,
+            workflow_id=request.workflow.id,
+            workflow_version=request.workflow.version,
+            ir_hash=request.workflow.ir_hash,
+            input=inline,
+            input_ref=ref,
+            parent_step_path=request.parent_step_path,
+        )
 
 
 @dataclass(frozen=True)
@@ -282,6 +351,9 @@ class LittleActivities:
         """
         run_id = validate_run_id(input.run_id)
         workflow = self.registry.get(input.workflow_id, input.ir_hash)
+        # A child run (or a client that skipped start_run) meets the check here, before
+        # anything is appended; the refusal is not retryable.
+        check_engine(workflow, "temporal")
         given: Any = input.input
         if input.input_ref is not None:
             given = orjson.loads(self.world.artifacts.get(input.input_ref).payload)
@@ -392,16 +464,8 @@ class LittleActivities:
             return SubRunPlan(done=_done(begun))
         step = begun.step
         assert isinstance(step, SubworkflowStep)
-        sub_run_id, child_input = await executor.sub_run(begun)
-        data = encode_output("<input>", child_input)
-        inline: Any = None
-        input_ref = None
-        if len(data) <= TEMPORAL_INLINE_LIMIT:
-            inline = orjson.loads(data)
-        else:
-            input_ref = self.world.artifacts.put(
-                data, run_id=sub_run_id, step_path="<input>", media_type="application/json"
-            )
+        sub_run_id, given = await executor.sub_run(begun)
+        inline, input_ref = child_input(self.world, sub_run_id, given)
         return SubRunPlan(
             sub_run_id=sub_run_id,
             workflow_id=step.workflow.id,

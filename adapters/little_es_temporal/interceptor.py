@@ -47,8 +47,8 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
 
-from little_es.engine.executor import Committed
-from little_es.errors import ConcurrentRunError
+from little_es.engine.executor import Committed, HostedRun
+from little_es.errors import ConcurrentRunError, StepSuspendedError
 from little_es.ids import step_lease_id
 from little_es.logging import get_logger
 from little_es.workflow.authoring import SubworkflowStep
@@ -57,6 +57,7 @@ from little_es_temporal.activities import (
     CURRENT_STEP,
     LittleActivities,
     StepCall,
+    TemporalSubRunHost,
     done_from_fold,
 )
 from little_es_temporal.errors import TemporalAdapterError, gave_up_error, to_application_error
@@ -206,9 +207,17 @@ async def _run_step(
                     attempt=begun.attempt,
                     temporal_attempt=activity.info().attempt,
                 )
+            host = TemporalSubRunHost(activities, step_input.hosted)
+            executor.host = host
             token = CURRENT_STEP.set(StepCall(activities.world, step, begun.ctx))
             try:
                 outcome = await executor.attempt(begun, body)
+            except StepSuspendedError as suspended:
+                # Sub-runs to host as child workflows; the attempt stays in flight.
+                starts = tuple(
+                    host.start(run) for run in suspended.runs if isinstance(run, HostedRun)
+                )
+                return StepDone(step_path=begun.step_path, attempt=begun.attempt, suspended=starts)
             finally:
                 CURRENT_STEP.reset(token)
             settled = await executor.settle(begun, outcome)

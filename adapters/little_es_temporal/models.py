@@ -45,6 +45,7 @@ __all__ = [
     "StepTimeouts",
     "SubRunFailure",
     "SubRunPlan",
+    "SubRunStart",
 ]
 
 START_RUN = "little_es.start_run"
@@ -154,10 +155,27 @@ class RunPlan(_Frozen):
 
 
 class StepInput(_Frozen):
-    """Names one step execution of a run (the workflow and the step follow from the log)."""
+    """Names one step execution of a run (the workflow and the step follow from the log).
+
+    ``hosted``: the sub-runs whose child workflows the workflow just waited
+    for, at the step's request (a failure of one of them is the step's to see).
+    """
 
     run_id: str
     step_path: str
+    hosted: tuple[str, ...] = ()
+
+
+class SubRunStart(_Frozen):
+    """A sub-run a suspended step waits for: the child workflow to start (id = ``run_id``)."""
+
+    run_id: str
+    workflow_id: str
+    workflow_version: str
+    ir_hash: str
+    input: JSONValue = None
+    input_ref: ArtifactRef | None = None
+    parent_step_path: str
 
 
 class StepDone(_Frozen):
@@ -174,6 +192,8 @@ class StepDone(_Frozen):
     output_ref: ArtifactRef | None = None
     output_inline: bool = True
     executed: bool = False
+    suspended: tuple[SubRunStart, ...] = ()
+    """Not done yet: start these child workflows, wait, then run the step again."""
 
 
 class GroupPlan(_Frozen):

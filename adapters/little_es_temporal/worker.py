@@ -37,13 +37,14 @@ import orjson
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.contrib.pydantic import PydanticPayloadConverter
+from temporalio.converter import DataConverter
 from temporalio.service import RPCError, RPCStatusCode
-from temporalio.worker import Interceptor, Worker
+from temporalio.worker import Interceptor, Replayer, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from little_es.durability import cancel_run as record_cancellation
 from little_es.durability import encode_output
-from little_es.engine.executor import check_run_request
+from little_es.engine.executor import check_engine, check_run_request
 from little_es.events import RunCancelled
 from little_es.ids import new_run_id, validate_run_id
 from little_es.values import Budget
@@ -60,6 +61,7 @@ __all__ = [
     "DEFAULT_TASK_QUEUE",
     "cancel_run",
     "connect",
+    "create_replayer",
     "create_worker",
     "start_run",
     "with_pydantic_converter",
@@ -112,6 +114,32 @@ async def connect(
     return with_pydantic_converter(client)
 
 
+def _sandbox() -> SandboxedWorkflowRunner:
+    restrictions = SandboxRestrictions.default.with_passthrough_modules(*_PASSTHROUGH)
+    return SandboxedWorkflowRunner(restrictions=restrictions)
+
+
+def create_replayer(*, interceptors: Sequence[Interceptor] = (), **options: Any) -> Replayer:
+    """A ``temporalio.worker.Replayer`` configured as :func:`create_worker` configures a worker.
+
+    The same workflow, sandbox (with the same pass-through modules) and pydantic
+    data converter, and ``interceptors`` (give the worker's own, if any), so a
+    replay of a history taken from a running system fails exactly where a
+    worker of this code would: ``NondeterminismError`` means this code cannot
+    continue that workflow. ``options`` go to ``Replayer`` (``debug_mode``, ...).
+    """
+    converter = dataclasses.replace(
+        DataConverter.default, payload_converter_class=PydanticPayloadConverter
+    )
+    return Replayer(
+        workflows=[LittleRunWorkflow],
+        workflow_runner=_sandbox(),
+        data_converter=converter,
+        interceptors=interceptors,
+        **options,
+    )
+
+
 def create_worker(
     client: Client,
     world: World,
@@ -146,14 +174,13 @@ def create_worker(
             )
     registry = WorkflowRegistry(workflows.values() if isinstance(workflows, Mapping) else workflows)
     activities = LittleActivities(world, registry)
-    restrictions = SandboxRestrictions.default.with_passthrough_modules(*_PASSTHROUGH)
     return Worker(
         with_pydantic_converter(client),
         task_queue=task_queue,
         workflows=[LittleRunWorkflow],
         activities=activities.all(),
         interceptors=[*interceptors, LittleInterceptor(activities)],
-        workflow_runner=SandboxedWorkflowRunner(restrictions=restrictions),
+        workflow_runner=_sandbox(),
         sticky_queue_schedule_to_start_timeout=sticky_queue_schedule_to_start_timeout,
         **worker_options,
     )
@@ -192,6 +219,8 @@ async def start_run(
     problem = check_run_request(workflow, input, budget)
     if problem is not None:
         raise TemporalAdapterError(problem)
+    # Before Temporal or the log hears of the run.
+    check_engine(workflow, "temporal")
     if timeouts is not None and not isinstance(timeouts, StepTimeouts):
         raise TemporalAdapterError(
             f"timeouts must be a StepTimeouts, got {type(timeouts).__name__}"

@@ -14,6 +14,10 @@ activities to do everything that touches the world:
 * a parallel group is ``schedule_branches`` (its branch keys, resolved from the
   run's data and recorded), the branches gathered (bounded by
   ``max_concurrency``), then ``complete_group``;
+* a step whose activity answers ``suspended`` (an orchestrator's
+  ``start_workflow`` calls, through the executor's sub-run host) has those
+  sub-runs run as child workflows (ids = the reserved sub-run ids), then the
+  same step attempt runs again and reads their results from their logs;
 * a subworkflow step is ``begin_subworkflow`` (which reserves the sub-run id),
   a child workflow whose id is that sub-run id, then ``finish_subworkflow``;
 * ``complete_run`` / ``fail_run`` end the run.
@@ -28,6 +32,7 @@ used here. Logging goes through ``workflow.logger``.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any
 
@@ -64,9 +69,10 @@ with workflow.unsafe.imports_passed_through():
         StepTimeouts,
         SubRunFailure,
         SubRunPlan,
+        SubRunStart,
     )
 
-__all__ = ["WORKFLOW_TYPE", "LittleRunWorkflow", "step_retry_policy"]
+__all__ = ["SUB_RUNS_PATCH", "WORKFLOW_TYPE", "LittleRunWorkflow", "step_retry_policy"]
 
 WORKFLOW_TYPE = "little_es.Run"
 """The Temporal workflow type name of :class:`LittleRunWorkflow`."""
@@ -102,6 +108,9 @@ def step_retry_policy(policy: RetryPolicy) -> TemporalRetryPolicy:
         maximum_attempts=0,
     )
 
+
+SUB_RUNS_PATCH = "little_es.step-hosted-sub-runs"
+"""The patch id of child workflows a step activity asks for (orchestrator sub-runs)."""
 
 _CHILD_FIELDS = {"workflow_id", "workflow_version", "ir_hash", "input", "input_ref"}
 """What a child run's :class:`RunInput` takes from the :class:`SubRunPlan` as it is."""
@@ -206,11 +215,24 @@ class LittleRunWorkflow:
     async def _leaf(self, step: StepIR, path: str) -> StepDone:
         if step.kind == "subworkflow":
             return await self._subworkflow(step, path)
+        hosted: tuple[str, ...] = ()
+        while True:
+            done = await self._run_step(step, path, hosted)
+            if not done.suspended:
+                return done
+            # The step waits for sub-runs (an orchestrator's start_workflow calls):
+            # histories from before this existed never reach here, the patch marks
+            # the ones that do.
+            workflow.patched(SUB_RUNS_PATCH)
+            await self._host(done.suspended)
+            hosted = tuple(start.run_id for start in done.suspended)
+
+    async def _run_step(self, step: StepIR, path: str, hosted: tuple[str, ...]) -> StepDone:
         heartbeat = self._timeouts.heartbeat
         try:
             done: StepDone = await workflow.execute_activity(
                 RUN_STEP,
-                StepInput(run_id=self._run_id, step_path=path),
+                StepInput(run_id=self._run_id, step_path=path, hosted=hosted),
                 result_type=StepDone,
                 start_to_close_timeout=(
                     self._timeouts.agent_start_to_close
@@ -226,6 +248,37 @@ class LittleRunWorkflow:
                 raise _GaveUpError(path, _describe(exc).message) from exc
             raise
         return done
+
+    async def _host(self, starts: tuple[SubRunStart, ...]) -> None:
+        """Run each sub-run as a child workflow (id = sub-run id) and wait for them all.
+
+        A child that failed is left to the step, run again, to read from the
+        child's log; a refusal (or a stop) is the run's: nothing more runs.
+        """
+
+        async def child(start: SubRunStart) -> None:
+            arg = RunInput(
+                **start.model_dump(include=_CHILD_FIELDS),
+                run_id=start.run_id,
+                parent_run_id=self._run_id,
+                parent_step_path=start.parent_step_path,
+                timeouts=self._timeouts,
+            )
+            try:
+                await workflow.execute_child_workflow(
+                    LittleRunWorkflow.run,
+                    arg,
+                    id=start.run_id,
+                    static_summary=f"{self._run_id} {start.parent_step_path}",
+                )
+            except ChildWorkflowError as exc:
+                refused = _refused(exc)
+                if refused is not None:
+                    raise ApplicationError(
+                        refused.message, REFUSED_MARKER, type=refused.type, non_retryable=True
+                    ) from None
+
+        await asyncio.gather(*(child(start) for start in starts))
 
     async def _parallel(self, step: StepIR, path: str, visit: int) -> StepDone:
         try:

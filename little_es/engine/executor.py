@@ -57,6 +57,7 @@ import hashlib
 import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple, TypeAlias, TypeVar
 
@@ -76,10 +77,12 @@ from little_es.engine.integrity import (
 from little_es.engine.walk import branch_path
 from little_es.errors import (
     BudgetExceededError,
+    EngineUnsupportedError,
     RunCancelledError,
     RunStateError,
     RunStoppedError,
     RuntimeIntegrityError,
+    StepSuspendedError,
 )
 from little_es.events import Event
 from little_es.harness.guard import CallGuard, guarding
@@ -109,12 +112,15 @@ __all__ = [
     "Committed",
     "ExecutableStep",
     "GroupScheduled",
+    "HostedRun",
     "Outcome",
     "Retry",
     "RunWriter",
     "StepExecutor",
     "StepGuard",
+    "SubRunHost",
     "call_maybe_async",
+    "check_engine",
     "check_run_request",
     "completed_step",
     "execute_step",
@@ -158,6 +164,46 @@ def check_run_request(workflow: object, input: object, budget: object = None) ->
             f" {type(budget).__name__}"
         )
     return None
+
+
+def check_engine(workflow: Workflow, engine: str) -> None:
+    """Refuse, with :class:`~little_es.errors.EngineUnsupportedError`, a run of ``workflow`` on
+    ``engine`` when one of its steps or tools (its sub-workflows' included, and the workflows
+    an orchestrator's tool may start) declares ``engines=[...]`` without it.
+
+    Engines call it before they append anything, so the refusal records nothing.
+    """
+    seen: set[tuple[str, str]] = set()
+
+    def refuse(flow: Workflow, what: str, engines: frozenset[str]) -> None:
+        raise EngineUnsupportedError(
+            f"workflow {flow.id!r}: {what} runs on {', '.join(sorted(engines))} only, and"
+            f" this run was started on {engine}: run it there, or declare the step or tool"
+            f" with engines=[..., {engine!r}] once it supports it (nothing was recorded)"
+        )
+
+    def walk(flow: Workflow) -> None:
+        if (flow.id, flow.ir_hash) in seen:
+            return
+        seen.add((flow.id, flow.ir_hash))
+        for step in flow.steps:
+            inner = step.step if isinstance(step, ParallelStep) else step
+            if isinstance(inner, TaskStep) and inner.engines and engine not in inner.engines:
+                refuse(flow, f"step {inner.id!r}", inner.engines)
+            if isinstance(inner, SubworkflowStep):
+                walk(inner.workflow)
+            if isinstance(inner, AgentStep):
+                for found in inner.tools.values():
+                    if found.engines and engine not in found.engines:
+                        what = f"tool {found.name!r} of agent step {inner.id!r}"
+                        refuse(flow, what, found.engines)
+                    started = getattr(found, "workflows", None)
+                    if isinstance(started, Mapping):
+                        for child in started.values():
+                            if isinstance(child, Workflow):
+                                walk(child)
+
+    walk(workflow)
 
 
 async def call_maybe_async(fn: Callable[..., Any], *args: Any) -> Any:
@@ -476,6 +522,37 @@ class RunWriter(ABC):
         """The frozen ``outputs`` a step's context shows (latest output per top-level step)."""
 
 
+@dataclass(frozen=True)
+class HostedRun:
+    """A run an engine hosts for a step: its id, workflow and input, and who asked for it.
+
+    The id is reserved (``SubRunReserved`` on the parent's stream) before the
+    run is hosted, so a crash never hosts a second run for one request.
+    """
+
+    run_id: str
+    workflow: Workflow
+    input: Mapping[str, Any]
+    parent_run_id: str
+    parent_step_path: str
+
+
+class SubRunHost(ABC):
+    """How an engine runs a sub-run a step asks for: the seam between a step and its engine.
+
+    The local engine runs it in the step's own process (``run_workflow``);
+    the Temporal adapter, whose step runs in an activity, cannot: it raises
+    :class:`~little_es.errors.StepSuspendedError`, the workflow starts a child
+    workflow whose id is the run id, and the same attempt runs again.
+    """
+
+    @abstractmethod
+    async def run(self, request: HostedRun) -> Any:
+        """Run ``request`` (or resume it, or read its recorded result) to its end; return its
+        output. Raises :class:`~little_es.errors.RunFailedError` when it failed, and
+        :class:`~little_es.errors.StepSuspendedError` when it runs elsewhere, unfinished."""
+
+
 _UNREAD: Any = object()
 
 
@@ -546,6 +623,8 @@ class StepExecutor:
         """The run's budget tracker; resolved from the log when the engine did not set it."""
         self.parent_guard: CallGuard | None = None
         """The guard of the step that drives this run as a sub-run in this process, if any."""
+        self.host: SubRunHost | None = None
+        """How this engine runs the sub-runs of this run's steps (set by the engine)."""
 
     def budget_tracker(self) -> BudgetTracker | None:
         """The tracker of the budget over this run (its own or an ancestor's), or None."""
@@ -642,6 +721,10 @@ class StepExecutor:
             if isinstance(begun.step, DecisionStep):
                 next_step = self.workflow.check_decision_target(begun.step.id, output)
             encode_output(begun.step_path, output)
+        except StepSuspendedError:
+            # The engine hosts sub-runs elsewhere: the attempt stays in flight, nothing
+            # is recorded, and the engine runs it again once they finished.
+            raise
         except RuntimeIntegrityError:
             # The log and the code disagree (a changed prompt, a tampered recorded
             # response, a sub-run that refused): not the step's failure. Recording
@@ -868,16 +951,45 @@ class StepExecutor:
         sub_run_id = sub_run_id_for(self.run_id, begun.step_path)
         workflow_id = step.workflow.id
 
-        def reserve(rec: RunRecorder) -> None:
-            if sub_run_id not in rec.fold.sub_run_ids:
-                rec.sub_run_reserved(
-                    begun.step_path, sub_run_id=sub_run_id, workflow_id=workflow_id
-                )
-
-        await self.writer.write(reserve)
+        await self.reserve_sub_run(begun.step_path, sub_run_id=sub_run_id, workflow_id=workflow_id)
         ctx = begun.ctx
         child_input = ctx.input if step.input is None else await call_maybe_async(step.input, ctx)
         return sub_run_id, dict(child_input)
+
+    async def execute(self, begun: Begun) -> Any:
+        """The work of one attempt: the step's code, or a subworkflow step's sub-run."""
+        step, ctx = begun.step, begun.ctx
+        if ctx is None:
+            raise RunStateError(f"step {begun.step_path!r} was looked up, not started")
+        if isinstance(step, SubworkflowStep):
+            sub_run_id, child_input = await self.sub_run(begun)
+            return await self.host_run(
+                HostedRun(sub_run_id, step.workflow, child_input, self.run_id, begun.step_path)
+            )
+        return await execute_step(self.world, step, ctx)
+
+    async def reserve_sub_run(
+        self, step_path: str, *, sub_run_id: str, workflow_id: str, call_id: str | None = None
+    ) -> None:
+        """Commit ``SubRunReserved`` for ``sub_run_id`` unless it is reserved already (a call
+        re-dispatched after a crash finds its reservation committed)."""
+
+        def reserve(rec: RunRecorder) -> None:
+            if sub_run_id not in rec.fold.sub_run_ids:
+                rec.sub_run_reserved(
+                    step_path, sub_run_id=sub_run_id, workflow_id=workflow_id, call_id=call_id
+                )
+
+        await self.writer.write(reserve)
+
+    async def host_run(self, request: HostedRun) -> Any:
+        """Run a reserved sub-run through the engine's :class:`SubRunHost`; its output."""
+        if self.host is None:
+            raise RunStateError(
+                f"run {self.run_id!r}: the engine set no SubRunHost, so step"
+                f" {request.parent_step_path!r} cannot run sub-run {request.run_id!r}"
+            )
+        return await self.host.run(request)
 
     # ------------------------------------------------------------ the run's end
 

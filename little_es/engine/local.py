@@ -36,12 +36,14 @@ from little_es.engine.executor import (
     Begun,
     BudgetTracker,
     Committed,
+    HostedRun,
     Retry,
     RunWriter,
     StepExecutor,
     StepGuard,
+    SubRunHost,
+    check_engine,
     check_run_request,
-    execute_step,
     open_run,
 )
 from little_es.engine.walk import StepVisit, Walk, branch_path, gather_branches
@@ -64,7 +66,6 @@ from little_es.workflow.authoring import (
     BranchStep,
     ParallelStep,
     Step,
-    SubworkflowStep,
     Workflow,
 )
 from little_es.world import World, gc_paused
@@ -166,6 +167,23 @@ class _LocalWriter(RunWriter):
 _CONFLICT_RETRIES = 20
 
 
+class _InProcessHost(SubRunHost):
+    """The local engine's :class:`SubRunHost`: a sub-run runs (or resumes) in this process."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+
+    async def run(self, request: HostedRun) -> Any:
+        result = await run_workflow(
+            self.world,
+            request.workflow,
+            request.input,
+            run_id=request.run_id,
+            _parent=(request.parent_run_id, request.parent_step_path),
+        )
+        return result.output
+
+
 class _RetriesExhaustedError(Exception):
     def __init__(self, step_path: str, error: ErrorInfo) -> None:
         super().__init__(step_path)
@@ -180,6 +198,7 @@ class _Scheduler:
         self.run_id = recorder.run_id
         self.writer = _LocalWriter(recorder)
         self.executor = StepExecutor(self.writer, workflow)
+        self.executor.host = _InProcessHost(self.world)
         self.executed = 0
 
     async def drive(self) -> str | None:
@@ -209,21 +228,9 @@ class _Scheduler:
             await asyncio.sleep(settled.delay_s)
 
     async def _execute(self, begun: Begun) -> Any:
-        step, ctx = begun.step, begun.ctx
-        assert ctx is not None
-        if isinstance(step, SubworkflowStep):
-            sub_run_id, child_input = await self.executor.sub_run(begun)
-            result = await run_workflow(
-                self.world,
-                step.workflow,
-                child_input,
-                run_id=sub_run_id,
-                _parent=(self.run_id, ctx.step_path),
-            )
-            return result.output
         token = _current_recorder.set(self.writer.recorder)
         try:
-            return await execute_step(self.world, step, ctx)
+            return await self.executor.execute(begun)
         finally:
             _current_recorder.reset(token)
 
@@ -286,6 +293,7 @@ async def run_workflow(
         )
     if problem is not None:
         raise RunRequestError(problem)
+    check_engine(workflow, "local")
     run_id = validate_run_id(run_id) if run_id is not None else new_run_id()
     with world.run_lease(run_id):
         existing = RunRecorder.load(world, run_id, observer=observer)

@@ -69,6 +69,7 @@ from little_es.errors import (
     RunStoppedError,
     RuntimeIntegrityError,
     SessionInputError,
+    StepSuspendedError,
     ToolError,
     TurnLimitExceededError,
 )
@@ -255,6 +256,7 @@ class _SessionLoop:
         self.session_id = str(session.id)
         self.used_call_ids: set[str] = set()
         self._running = 0
+        self._suspended: list[StepSuspendedError] = []
         self.model_calls_made = 0
         self.tool_calls_made = 0
         self.replayed_model_calls = 0
@@ -396,6 +398,13 @@ class _SessionLoop:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 raise
+        if self._suspended:
+            # Every call of the batch had its go: those that finished are committed
+            # here, the suspended ones stay in flight and the engine hosts all their
+            # sub-runs at once before the attempt runs again.
+            suspended, self._suspended = self._suspended, []
+            self._save()
+            raise StepSuspendedError(tuple(run for s in suspended for run in s.runs))
         for call_id, call in zip(call_ids, calls, strict=True):
             self.conversation.append(_tool_message(call, session.tool_results[call_id]))
 
@@ -472,6 +481,11 @@ class _SessionLoop:
             # the model, nothing is recorded for the call, which stays in flight.
             self._running -= 1
             raise
+        except StepSuspendedError as exc:
+            # Its sub-run runs elsewhere: no result yet, the call stays in flight.
+            self._suspended.append(exc)
+            self._running -= 1
+            return
         except Exception as exc:
             self.session.trigger(
                 ToolCallFailed, call_id=started.call_id, error=ErrorInfo.from_exception(exc)

@@ -24,8 +24,10 @@ from little_es.errors import ToolArgumentsError, ToolError
 from little_es.values import JSONValue, ToolSpec
 
 __all__ = [
+    "ENGINES",
     "Tool",
     "ToolContext",
+    "check_engines",
     "resolve_tools",
     "tool",
 ]
@@ -59,6 +61,25 @@ class ToolContext(BaseModel):
         return hashlib.sha256(joined.encode()).hexdigest()
 
 
+ENGINES = ("local", "temporal")
+"""The engines a tool or step may declare with ``engines=[...]``."""
+
+
+def check_engines(what: str, engines: object) -> frozenset[str] | None:
+    """``engines`` as a set of known engine names (None: every engine); raises
+    :class:`~little_es.errors.ToolError` for anything else."""
+    if engines is None:
+        return None
+    if isinstance(engines, str | bytes) or not isinstance(engines, Sequence | frozenset | set):
+        raise ToolError(f"{what}: engines must be a list of {list(ENGINES)}, got {engines!r}")
+    unknown = [e for e in engines if e not in ENGINES]
+    if unknown or not engines:
+        raise ToolError(
+            f"{what}: engines must be a non-empty list of {list(ENGINES)}, got {list(engines)!r}"
+        )
+    return frozenset(engines)
+
+
 class Tool:
     """A function a model can call, with its name, description and argument schema.
 
@@ -72,6 +93,7 @@ class Tool:
         *,
         name: str | None = None,
         description: str | None = None,
+        engines: Sequence[str] | None = None,
     ) -> None:
         if isinstance(fn, Tool):
             # Re-wrapping a tool (to rename it, say) describes its function again.
@@ -90,6 +112,9 @@ class Tool:
             raise ToolError(f"tool {tool_name!r} description must be a string")
         self._fn = fn
         self._name = tool_name
+        # Not part of the spec or its hash: where a tool can run is no part of what
+        # the model is told, and declaring it must not invalidate recorded sessions.
+        self._engines = check_engines(f"tool {tool_name!r}", engines)
         self._is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
             type(fn).__call__
         )
@@ -104,6 +129,12 @@ class Tool:
     def name(self) -> str:
         """The name the model calls the tool by."""
         return self._name
+
+    @property
+    def engines(self) -> frozenset[str] | None:
+        """The engines the tool can run on (None: every engine); a run on another one is
+        refused at its start with :class:`~little_es.errors.EngineUnsupportedError`."""
+        return self._engines
 
     @property
     def description(self) -> str:
@@ -177,13 +208,23 @@ class Tool:
 
 @overload
 def tool(
-    fn: Callable[..., Any], /, *, name: str | None = None, description: str | None = None
+    fn: Callable[..., Any],
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    engines: Sequence[str] | None = None,
 ) -> Tool: ...
 
 
 @overload
 def tool(
-    fn: None = None, /, *, name: str | None = None, description: str | None = None
+    fn: None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    engines: Sequence[str] | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -193,6 +234,7 @@ def tool(
     *,
     name: str | None = None,
     description: str | None = None,
+    engines: Sequence[str] | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a :class:`Tool` from ``fn``: ``tool(fn)``, ``@tool`` or ``@tool(name=...)``.
 
@@ -200,11 +242,13 @@ def tool(
     paragraph of its docstring. Every parameter needs a type hint (use
     ``Annotated[int, Field(description=...)]`` to describe one); ``*args`` and
     ``**kwargs`` are refused. Raises :class:`~little_es.errors.ToolError` when
-    the function cannot be described.
+    the function cannot be described. ``engines`` (``["local"]``, ``["temporal"]``)
+    declares the only engines the tool can run on: a run of a workflow using it on
+    another engine is refused at its start, before anything is recorded.
     """
     if fn is None:
-        return lambda f: Tool(f, name=name, description=description)
-    return Tool(fn, name=name, description=description)
+        return lambda f: Tool(f, name=name, description=description, engines=engines)
+    return Tool(fn, name=name, description=description, engines=engines)
 
 
 def resolve_tools(tools: Sequence[Tool | Callable[..., Any]]) -> dict[str, Tool]:

@@ -37,11 +37,12 @@ from pydantic import ValidationError
 from little_es.errors import (
     InvalidBranchSetError,
     LittleEsError,
+    ToolError,
     UnknownStepError,
     WorkflowDefinitionError,
 )
 from little_es.harness.model import Model
-from little_es.harness.tools import Tool, resolve_tools
+from little_es.harness.tools import Tool, check_engines, resolve_tools
 from little_es.values import Budget
 from little_es.workflow.context import StepContext
 from little_es.workflow.ir import (
@@ -105,6 +106,8 @@ class TaskStep:
 
     ir: StepIR
     fn: TaskFn
+    engines: frozenset[str] | None = None
+    """The engines the step can run on (None: every engine). Not part of the IR."""
 
     @property
     def id(self) -> str:
@@ -313,8 +316,19 @@ def _step_ir(**fields: Any) -> StepIR:
         raise WorkflowDefinitionError(f"step {fields.get('id')!r}: {exc}") from exc
 
 
-def task(id: str, fn: TaskFn, *, retry: RetryPolicy | None = None, max_visits: int = 1) -> TaskStep:
-    """A step that runs ``fn(ctx)`` (sync or async) and records what it returns."""
+def task(
+    id: str,
+    fn: TaskFn,
+    *,
+    retry: RetryPolicy | None = None,
+    max_visits: int = 1,
+    engines: Sequence[str] | None = None,
+) -> TaskStep:
+    """A step that runs ``fn(ctx)`` (sync or async) and records what it returns.
+
+    ``engines`` (``["local"]``, ``["temporal"]``) declares the only engines it
+    can run on: a run on another one is refused at its start.
+    """
     _check_id(id)
     _check_fn(id, fn)
     ir = _step_ir(
@@ -324,7 +338,11 @@ def task(id: str, fn: TaskFn, *, retry: RetryPolicy | None = None, max_visits: i
         retry=_check_retry(id, retry),
         max_visits=_check_max_visits(id, max_visits),
     )
-    return TaskStep(ir=ir, fn=fn)
+    try:
+        declared = check_engines(f"step {id!r}", engines)
+    except ToolError as exc:
+        raise WorkflowDefinitionError(str(exc)) from None
+    return TaskStep(ir=ir, fn=fn, engines=declared)
 
 
 def agent(
