@@ -11,6 +11,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -81,10 +82,24 @@ def _normal(view: dict[str, Any], loop_id: str) -> Any:
 
 
 def _resume(world: World, loop_id: str, variant: str = "v1") -> str:
-    result = run_outer_loop_sync(
-        world, planner=proc.make_planner(variant), workflow=proc.improve, outer_loop_id=loop_id
-    )
-    return result.reason
+    # A PostgreSQL lease (an advisory lock) is freed when the server sees its killed
+    # holder's connection close, a moment after the kill: until then a resume is
+    # refused, appending nothing, and trying again is safe.
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            result = run_outer_loop_sync(
+                world,
+                planner=proc.make_planner(variant),
+                workflow=proc.improve,
+                outer_loop_id=loop_id,
+            )
+        except ConcurrentRunError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+            continue
+        return result.reason
 
 
 # ------------------------------------------------------------------ the happy path
