@@ -41,7 +41,7 @@ from rich.tree import Tree
 
 from little_es.backends.base import RunSummary
 from little_es.diff import JsonChange, RunDiff, StepDiff, ToolCallSummary
-from little_es.domain import OuterLoop
+from little_es.domain import LoopCycle, OuterLoop
 from little_es.events import (
     BudgetExceeded,
     Event,
@@ -64,6 +64,7 @@ __all__ = [
     "StepBoard",
     "budget_text",
     "cost_text",
+    "decision_text",
     "render_diff",
     "render_events",
     "render_loop_report",
@@ -604,6 +605,18 @@ class StepBoard:
         return table
 
 
+def decision_text(cycle: LoopCycle) -> str:
+    """A cycle's planner decision in words (plain text, not markup): the reason it gave,
+    ``done: ...``, ``(planning)`` before it answered, or ``abandoned: `` and what drifted."""
+    if cycle.abandoned is not None:
+        return "abandoned: " + "; ".join(cycle.abandoned.changes)
+    if cycle.planned is None:
+        return "(planning)"
+    if cycle.planned.done:
+        return f"done: {cycle.planned.reason}" if cycle.planned.reason else "done"
+    return cycle.planned.reason or "run"
+
+
 def _loop_status(loop: OuterLoop) -> str:
     if loop.completed is None:
         return status_text("running")
@@ -666,19 +679,11 @@ def render_loop_report(
     for number in sorted(loop.cycles):
         cycle = loop.cycles[number]
         cost = cycle_cost(world, cycle)
-        if cycle.abandoned is not None:
-            decision = "abandoned: " + "; ".join(cycle.abandoned.changes)
-        elif cycle.planned is None:
-            decision = "(planning)"
-        elif cycle.planned.done:
-            decision = f"done: {cycle.planned.reason}" if cycle.planned.reason else "done"
-        else:
-            decision = cycle.planned.reason or "run"
         table.add_row(
             str(number),
             escape(cycle.started.run_id),
             status_text(cycle.status),
-            escape(decision),
+            escape(decision_text(cycle)),
             cost_text(cost.planner),
             cost_text(cost.run),
         )

@@ -4,7 +4,9 @@ The world holds the kill-and-resume example's run: its child process is killed b
 SIGKILL in the planner's third model call (as ``examples/kill_resume.py`` does), the
 page is opened on the killed run, and the run is resumed while the page is open, so
 the live view has to follow it to the end without a reload. A second run carries
-HTML in its input, which must be shown as text and never run.
+HTML in its input, which must be shown as text and never run. An outer loop of
+``tests/_outer_loop_proc.py`` is killed in its second cycle and resumed with another
+planner prompt, so its page shows a cycle abandoned for drift.
 
 Chromium is ``/usr/bin/chromium`` (``.ci/run`` installs it); without it the browser
 test is skipped, except under ``CI=true`` where it fails.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -31,20 +34,27 @@ import pytest
 import uvicorn
 
 from little_es import (
+    Planner,
     RetryPolicy,
+    ScriptedModel,
+    ScriptedReply,
     StepContext,
     Workflow,
     local_world,
     memory_world,
+    run_outer_loop_sync,
     run_workflow,
     subworkflow,
     task,
 )
+from little_es.errors import OuterLoopNotFoundError
+from little_es.outer_loop import loop_totals
 from little_es.totals import run_tree_totals
 from little_es.ui import create_app
-from little_es.ui.html import run_body
-from little_es.ui.pages import run_page, runs_list
+from little_es.ui.html import loop_body, loops_body, run_body
+from little_es.ui.pages import loop_page, loops_list, run_page, runs_list
 from little_es.world import World
+from tests import _outer_loop_proc as loop_proc
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "kill_resume.py"
@@ -84,6 +94,36 @@ def killed_world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path,
 
 
 @pytest.fixture
+def drifted_loop(killed_world: tuple[Path, ModuleType], tmp_path: Path) -> str:
+    """Outer loop ``loop_d`` in the world: killed in cycle 2, resumed with the v2 prompt,
+    so cycle 2 is abandoned for drift and cycles 3 (run) and 4 (done) follow."""
+    url = f"sqlite:///{killed_world[0]}"
+    ledger = {"OUTER_LOOP_LEDGER": str(tmp_path / "loop-ledger")}
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"from tests._outer_loop_proc import main; main({[url, 'loop_d']!r})",
+        ],
+        cwd=ROOT,
+        env={**_env(), **ledger, "OUTER_LOOP_KILL_IN_CYCLE": "2"},
+        check=False,
+        timeout=60,
+    )
+    assert child.returncode == -9, "the loop's child was to be killed by SIGKILL in cycle 2"
+    with pytest.MonkeyPatch.context() as mp, local_world(killed_world[0]) as world:
+        mp.setenv("OUTER_LOOP_LEDGER", ledger["OUTER_LOOP_LEDGER"])
+        result = run_outer_loop_sync(
+            world,
+            planner=loop_proc.make_planner("v2"),
+            workflow=loop_proc.improve,
+            outer_loop_id="loop_d",
+        )
+    assert result.reason == "planner_done"
+    return "loop_d"
+
+
+@pytest.fixture
 def server(killed_world: tuple[Path, ModuleType]) -> Iterator[tuple[str, World]]:
     """The app served by uvicorn in a thread on a free port; stopped (and joined) after."""
     world = local_world(killed_world[0])
@@ -117,7 +157,10 @@ def _chromium() -> str:
 
 
 def test_the_ui_in_chromium(
-    server: tuple[str, World], killed_world: tuple[Path, ModuleType], tmp_path: Path
+    drifted_loop: str,
+    server: tuple[str, World],
+    killed_world: tuple[Path, ModuleType],
+    tmp_path: Path,
 ) -> None:
     from playwright.sync_api import expect, sync_playwright
 
@@ -138,7 +181,9 @@ def test_the_ui_in_chromium(
             page.goto(base + "/?status=failed")
             expect(page.locator("tr.run")).to_have_count(0)
             page.goto(base + "/?status=running")
-            expect(page.locator("tr.run")).to_have_count(1)
+            # The killed run, and the outer loop's abandoned cycle run (killed, never resumed).
+            expect(page.locator("tr.run")).to_have_count(2)
+            expect(page.locator('tr.run[data-run-id="loop_d.cycle-2"]')).to_have_count(1)
 
             # The killed run's page: fetch done, the planner stopped in turn 3.
             page.click('a[href="/runs/run_triage_42"]')
@@ -206,6 +251,49 @@ def test_the_ui_in_chromium(
             expect(page.locator("#out-0 pre")).to_contain_text("<script>window.__xss=2</script>")
             assert page.evaluate("window.__xss") is None
             expect(page.locator("#run img")).to_have_count(0)
+
+            # The outer loops, from the navigation bar: the list, then the drifted loop.
+            page.click('header a[href="/loops"]')
+            row = page.locator(f'tr.loop[data-loop-id="{drifted_loop}"]')
+            expect(row).to_contain_text("improve")
+            expect(row.locator(".cycles")).to_have_text("2/5")
+            expect(row).to_contain_text("planner_done")
+            expect(row.locator(".cost")).to_have_text("$0.036000")  # 4 planners x 2 calls
+            row.locator("a").click()
+            expect(page.locator("h1")).to_have_text("outer loop loop_d")
+            cycles = page.locator("#cycles tr.cycle")
+            expect(cycles).to_have_count(4)
+            statuses = ["completed", "abandoned", "completed", "done"]
+            for n, status in enumerate(statuses, 1):
+                expect(cycles.nth(n - 1)).to_have_attribute("data-status", status)
+            abandoned = page.locator('tr.cycle[data-cycle="2"]')
+            expect(abandoned.locator(".changes")).to_have_text("planner: prompt changed")
+            expect(abandoned.locator(".decision")).to_have_text("try x=2")  # before the drift
+            expect(abandoned.locator(".planner-cost")).to_have_text("$0.009000")
+            expect(page.locator('tr.cycle[data-cycle="3"] .decision')).to_have_text("try x=2")
+            expect(page.locator('tr.cycle[data-cycle="4"] .decision')).to_have_text(
+                "done: the score is good"
+            )
+            # A "done" cycle's run never started: its id is shown, not linked.
+            expect(page.locator('tr.cycle[data-cycle="4"] .cycle-run a')).to_have_count(0)
+            expect(page.locator("#loop-total")).to_contain_text("$0.036000")
+            expect(page.locator("#pending")).to_have_count(0)
+            shot = tmp_path / "loop_page.png"
+            page.screenshot(path=str(shot), full_page=True)
+            assert shot.stat().st_size > 10_000
+            if artifacts:
+                shutil.copy(shot, Path(artifacts).with_name("loop_page.png"))
+            page.click('tr.cycle[data-cycle="2"] .cycle-run a')
+            expect(page.locator("h1")).to_have_text("run loop_d.cycle-2")
+            expect(page.locator('tr.attempt[data-step="work"]')).to_have_attribute(
+                "data-outcome", "running"
+            )
+            page.go_back()
+            page.click('tr.cycle[data-cycle="3"] .planner-run a')
+            expect(page.locator("h1")).to_have_text("run loop_d.cycle-3.plan")
+            missing = page.goto(base + "/loops/no_such_loop")
+            assert missing is not None and missing.status == 404
+            expect(page.locator(".error")).to_contain_text("not found")
         finally:
             browser.close()
 
@@ -289,3 +377,49 @@ def test_a_run_page_shows_retries_and_the_sub_run_tree() -> None:
     assert runs_list(world, "failed") == ()
     with pytest.raises(ValueError, match="unknown filter"):
         runs_list(world, "nope")
+
+
+def _xss_planner() -> Planner:
+    # A planner whose reason is markup: the loop page must show it as text.
+    decision = json.dumps({"done": False, "input": {"x": 1}, "reason": XSS})
+    return Planner(model=ScriptedModel([ScriptedReply(content=decision)]), prompt="plan")
+
+
+def test_the_loop_pages_show_a_pending_cycle_unpriced_calls_and_escape_reasons() -> None:
+    # Without a browser: a loop stopped by max_cycles, unpriced, with markup in a reason;
+    # and a loop whose cycle has started and not ended.
+    world = memory_world()
+    run_outer_loop_sync(
+        world,
+        planner=_xss_planner(),
+        workflow=loop_proc.improve,
+        outer_loop_id="loop_x",
+        max_cycles=1,
+    )
+    (row,) = loops_list(world)
+    listed = loops_body([row])
+    assert 'data-loop-id="loop_x"' in listed and ">1/1<" in listed and "max_cycles" in listed
+    assert "1 unpriced" in listed and ">-" in listed
+    body = loop_body(loop_page(world, "loop_x"))
+    assert XSS not in body and "&lt;script&gt;window.__xss=2&lt;/script&gt;" in body
+    assert "1 unpriced calls not in the dollars" in body
+    assert 'href="/runs/loop_x.cycle-1.plan"' in body and 'href="/runs/loop_x.cycle-1"' in body
+    assert loop_page(world, "loop_x").totals == loop_totals(world, world.load_outer_loop("loop_x"))
+
+    def stop(ctx: StepContext) -> None:
+        raise KeyboardInterrupt  # the process stops mid cycle: the cycle stays pending
+
+    halted = Workflow("improve", steps=[task("work", stop)])
+    with pytest.raises(KeyboardInterrupt):
+        run_outer_loop_sync(
+            world, planner=_xss_planner(), workflow=halted, outer_loop_id="loop_p", max_cycles=3
+        )
+    pending = loop_body(loop_page(world, "loop_p"))
+    assert 'data-cycle="1" data-status="pending"' in pending
+    assert '<p id="pending">pending cycle run: <a href="/runs/loop_p.cycle-1">' in pending
+    assert [r.loop.started.outer_loop_id for r in loops_list(world) if r.loop.started] == [
+        "loop_p",
+        "loop_x",
+    ]
+    with pytest.raises(OuterLoopNotFoundError):
+        loop_page(world, "loop_none")

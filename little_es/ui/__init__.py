@@ -5,8 +5,9 @@
 * :mod:`little_es.ui.app` is the Starlette app: :func:`create_app`;
 * :func:`serve` runs the app with uvicorn until interrupted (``little ui`` calls it).
 
-An outer-loops page plugs in as an :class:`~little_es.ui.app.ExtraPage` of
-:func:`create_app`, with its own link in the navigation bar.
+Its pages: the runs list, a run, the outer loops list and an outer loop's cycles;
+more plug in as an :class:`~little_es.ui.app.ExtraPage` of :func:`create_app`, each
+with its own link in the navigation bar.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ Routes:
   view swaps in;
 * ``/api/runs/{run_id}`` - ``{"run_id", "status", "event_count", "updated_at"}`` from the
   runs read model, which the live view polls;
-* each :class:`ExtraPage` given to :func:`create_app` (an outer-loops page, say), with
-  its link in the navigation bar.
+* ``/loops`` - the outer loops list; ``/loops/{outer_loop_id}`` - a loop's cycles;
+* each :class:`ExtraPage` given to :func:`create_app`, with its link in the navigation bar.
 
 The world is read from one thread at a time (a lock around every read, each run in a
 worker thread so the event loop stays free), and nothing but the runs read model's
@@ -28,10 +28,25 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from little_es.errors import InvalidRunIdError, RunNotFoundError
+from little_es.errors import InvalidRunIdError, OuterLoopNotFoundError, RunNotFoundError
 from little_es.projections import RunsProjection
-from little_es.ui.html import document, error_body, run_body, run_document_body, runs_body
-from little_es.ui.pages import RUN_FILTERS, live_status, run_page, runs_list
+from little_es.ui.html import (
+    document,
+    error_body,
+    loop_body,
+    loops_body,
+    run_body,
+    run_document_body,
+    runs_body,
+)
+from little_es.ui.pages import (
+    RUN_FILTERS,
+    live_status,
+    loop_page,
+    loops_list,
+    run_page,
+    runs_list,
+)
 from little_es.world import World
 
 __all__ = ["ExtraPage", "create_app"]
@@ -59,7 +74,7 @@ def create_app(world: World, *, extra_pages: Sequence[ExtraPage] = ()) -> Starle
     lock = threading.Lock()
     # One projection for the app's lifetime: each request only catches it up.
     projection = RunsProjection(world)
-    nav = [("/", "runs"), *((p.path, p.title) for p in extra_pages)]
+    nav = [("/", "runs"), ("/loops", "outer loops"), *((p.path, p.title) for p in extra_pages)]
 
     async def read(fn: Callable[[], T]) -> T:
         def locked() -> T:
@@ -91,6 +106,17 @@ def create_app(world: World, *, extra_pages: Sequence[ExtraPage] = ()) -> Starle
             return HTMLResponse(run_body(gathered))
         return page(f"run {run_id}", run_document_body(gathered), live=True)
 
+    async def loops(request: Request) -> Response:
+        return page("outer loops", loops_body(await read(lambda: loops_list(world))))
+
+    async def loop(request: Request) -> Response:
+        loop_id = request.path_params["loop_id"]
+        try:
+            gathered = await read(lambda: loop_page(world, loop_id))
+        except (InvalidRunIdError, OuterLoopNotFoundError) as exc:
+            return page("no such outer loop", error_body(str(exc)), 404)
+        return page(f"outer loop {loop_id}", loop_body(gathered))
+
     async def api_run(request: Request) -> Response:
         run_id = request.path_params["run_id"]
         status = await read(lambda: live_status(world, run_id, projection=projection))
@@ -116,6 +142,8 @@ def create_app(world: World, *, extra_pages: Sequence[ExtraPage] = ()) -> Starle
         Route("/", runs),
         Route("/runs/{run_id}", run),
         Route("/api/runs/{run_id}", api_run),
+        Route("/loops", loops),
+        Route("/loops/{loop_id}", loop),
         *(Route(p.path, extra(p)) for p in extra_pages),
     ]
     return Starlette(routes=routes)

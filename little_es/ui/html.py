@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote
@@ -19,9 +20,10 @@ from urllib.parse import quote
 import orjson
 
 from little_es.backends.base import RunSummary
+from little_es.domain import OuterLoop
 from little_es.orchestrator import RunTree
-from little_es.render import STATUS_STYLES, budget_text, cost_text
-from little_es.ui.pages import RUN_FILTERS, ModelCall, RunPage, ToolCallView
+from little_es.render import STATUS_STYLES, budget_text, cost_text, decision_text
+from little_es.ui.pages import RUN_FILTERS, LoopPage, LoopRow, ModelCall, RunPage, ToolCallView
 from little_es.values import UsageTotals
 
 __all__ = [
@@ -30,6 +32,8 @@ __all__ = [
     "duration_text",
     "error_body",
     "esc",
+    "loop_body",
+    "loops_body",
     "run_body",
     "run_document_body",
     "runs_body",
@@ -150,6 +154,17 @@ def _tokens(u: UsageTotals) -> str:
 
 def _run_href(run_id: str) -> str:
     return "/runs/" + quote(run_id, safe="")
+
+
+def _loop_href(outer_loop_id: str) -> str:
+    return "/loops/" + quote(outer_loop_id, safe="")
+
+
+def _run_link(run_id: str, exists: bool) -> str:
+    """A link to a run's page, or the id alone (greyed) when the run has no log yet."""
+    if not exists:
+        return f'<span class="muted">{esc(run_id)}</span>'
+    return f'<a href="{esc(_run_href(run_id))}">{esc(run_id)}</a>'
 
 
 def document(
@@ -406,4 +421,106 @@ def run_document_body(page: RunPage) -> str:
         f'<div id="run" data-run-id="{esc(page.run_id)}"'
         f' data-event-count="{page.state.event_count}" data-status="{esc(page.state.status)}">'
         f"{run_body(page)}</div>"
+    )
+
+
+def _loop_status(loop: OuterLoop) -> str:
+    if loop.completed is None:
+        return _badge("running")
+    return f'{_badge("completed")} <span class="muted reason">{esc(loop.completed.reason)}</span>'
+
+
+def _with_unpriced(u: UsageTotals) -> str:
+    """The cost, and when some calls had no price, how many (which the dollars leave out)."""
+    text = esc(cost_text(u))
+    if u.unpriced_calls:
+        text += f' <span class="muted unpriced">{u.unpriced_calls:,} unpriced</span>'
+    return text
+
+
+def loops_body(rows: Sequence[LoopRow]) -> str:
+    """The outer loops list: one row per loop, newest first."""
+    trs = []
+    for row in rows:
+        started = row.loop.started
+        assert started is not None  # load_outer_loop and the world's list keep only started loops
+        trs.append(
+            f'<tr class="loop" data-loop-id="{esc(started.outer_loop_id)}">'
+            f'<td><a href="{esc(_loop_href(started.outer_loop_id))}">'
+            f"{esc(started.outer_loop_id)}</a></td><td>{esc(started.workflow_id)}</td>"
+            f'<td class="n cycles">{row.loop.cycles_ended}/{started.max_cycles}</td>'
+            f"<td>{_loop_status(row.loop)}</td><td>{_when(row.loop.created_on)}</td>"
+            f'<td class="n">{esc(_tokens(row.totals))}</td>'
+            f'<td class="n cost">{_with_unpriced(row.totals)}</td></tr>'
+        )
+    table = (
+        "<table id=loops><thead><tr><th>outer loop</th><th>workflow</th>"
+        '<th class="n">cycles ended / max</th><th>status</th><th>started</th>'
+        '<th class="n">tokens in / out</th><th class="n">cost (USD)</th></tr></thead>'
+        f"<tbody>{''.join(trs)}</tbody></table>"
+        if trs
+        else '<p class="muted">no outer loops</p>'
+    )
+    return f"<h1>Outer loops</h1>{table}"
+
+
+def loop_body(page: LoopPage) -> str:
+    """An outer loop's page: its settings, one row per cycle, the totals."""
+    loop = page.loop
+    started = loop.started
+    assert started is not None
+    facts = [
+        ("status", _loop_status(loop)),
+        ("workflow", esc(started.workflow_id)),
+        ("cycles ended", esc(f"{loop.cycles_ended}/{started.max_cycles}")),
+        ("on cycle failure", esc(started.on_cycle_failure)),
+    ]
+    if started.budget_usd is not None:
+        facts.append(("budget", esc(f"${started.budget_usd}")))
+    facts.append(("started", _when(loop.created_on)))
+    rows = []
+    for view in page.cycles:
+        c = view.cycle
+        s = c.started
+        note = ""
+        # An abandoned cycle's changes are under its status; its decision cell keeps what
+        # the planner had decided before the drift.
+        decision = decision_text(replace(c, abandoned=None)) if c.planned else decision_text(c)
+        if c.abandoned is not None:
+            changes = "".join(f"<li>{esc(change)}</li>" for change in c.abandoned.changes)
+            note = f'<ul class="changes">{changes}</ul>'
+        rows.append(
+            f'<tr class="cycle" data-cycle="{c.number}" data-status="{esc(c.status)}">'
+            f'<td class="n">{c.number}</td><td>{_badge(c.status)}{note}</td>'
+            f'<td class="planner-run">{_run_link(s.planner_run_id, view.planner_run_exists)}</td>'
+            f'<td class="cycle-run">{_run_link(s.run_id, view.run_exists)}</td>'
+            f'<td class="decision">{esc(decision)}</td>'
+            f'<td class="n planner-cost">{_with_unpriced(view.cost.planner)}</td>'
+            f'<td class="n run-cost">{_with_unpriced(view.cost.run)}</td></tr>'
+        )
+    table = (
+        '<table id="cycles"><thead><tr><th class="n">cycle</th><th>status</th>'
+        "<th>planner run</th><th>cycle run</th><th>planner decision</th>"
+        '<th class="n">planner cost</th><th class="n">run cost</th></tr></thead>'
+        f"<tbody>{''.join(rows)}</tbody></table>"
+        if rows
+        else '<p class="muted">no cycle has started</p>'
+    )
+    t = page.totals
+    total = f"{_tokens(t)} tokens · {cost_text(t)}"
+    if t.unpriced_calls:
+        total += f" · {t.unpriced_calls:,} unpriced calls not in the dollars"
+    pending = ""
+    if loop.pending_cycle_run_id is not None:
+        pending_exists = any(
+            v.run_exists for v in page.cycles if v.cycle.started.run_id == loop.pending_cycle_run_id
+        )
+        pending = (
+            f'<p id="pending">pending cycle run: '
+            f"{_run_link(loop.pending_cycle_run_id, pending_exists)}</p>"
+        )
+    return (
+        f"<h1>outer loop {esc(started.outer_loop_id)}</h1>{_facts(facts)}"
+        f"<h2>Cycles</h2>{table}"
+        f'<p id="loop-total">total (abandoned cycles included): <b>{esc(total)}</b></p>{pending}'
     )

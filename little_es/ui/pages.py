@@ -9,6 +9,12 @@ folding that call's ``harness.model.responded`` event alone with
 :func:`~little_es.materialize.materialize_run_state` (so no dollar figure is made
 anywhere else). What this module adds is the ordering the log already has: each
 step attempt's start and end, and each session's turns with their tool calls.
+
+The outer-loop pages read the :class:`~little_es.domain.OuterLoop` aggregate
+(:func:`~little_es.outer_loop.list_outer_loops`,
+:func:`~little_es.outer_loop.load_outer_loop`) and price it with
+:func:`~little_es.outer_loop.cycle_cost` and :func:`~little_es.outer_loop.loop_totals`,
+as ``little loops`` and ``little report --loop`` do.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from datetime import datetime
 from uuid import UUID
 
 from little_es.backends.base import RunSummary
+from little_es.domain import LoopCycle, OuterLoop
 from little_es.events import (
     Event,
     ModelCalled,
@@ -32,6 +39,13 @@ from little_es.events import (
 )
 from little_es.materialize import MaterializedRunState, materialize_run_state
 from little_es.orchestrator import RunTree, run_tree
+from little_es.outer_loop import (
+    CycleCost,
+    cycle_cost,
+    list_outer_loops,
+    load_outer_loop,
+    loop_totals,
+)
 from little_es.projections import RunsProjection, list_runs
 from little_es.totals import run_tree_totals
 from little_es.values import ErrorInfo, JSONValue, Message, ModelResponse, UsageTotals
@@ -39,13 +53,18 @@ from little_es.world import World
 
 __all__ = [
     "RUN_FILTERS",
+    "CycleView",
     "LiveStatus",
+    "LoopPage",
+    "LoopRow",
     "ModelCall",
     "RunPage",
     "SessionView",
     "StepAttempt",
     "ToolCallView",
     "live_status",
+    "loop_page",
+    "loops_list",
     "run_page",
     "runs_list",
 ]
@@ -137,6 +156,58 @@ class LiveStatus:
     status: str
     event_count: int
     updated_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class LoopRow:
+    """An outer loop of the loops list, with what it spent (every cycle, with sub-runs)."""
+
+    loop: OuterLoop
+    totals: UsageTotals
+
+
+@dataclass(frozen=True, slots=True)
+class CycleView:
+    """A cycle of a loop page: its events, its cost, and which of its runs have a log."""
+
+    cycle: LoopCycle
+    cost: CycleCost
+    planner_run_exists: bool
+    run_exists: bool
+    """False for a cycle the planner ended (``done``) or one whose run is yet to start."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoopPage:
+    """Everything an outer loop's page shows."""
+
+    loop: OuterLoop
+    cycles: tuple[CycleView, ...]
+    totals: UsageTotals
+    """The planner runs and cycle runs of every cycle, abandoned ones included."""
+
+
+def loops_list(world: World) -> tuple[LoopRow, ...]:
+    """The outer loops of ``world``, newest first, each with its totals."""
+    return tuple(
+        LoopRow(loop, loop_totals(world, loop)) for loop in reversed(list_outer_loops(world))
+    )
+
+
+def loop_page(world: World, outer_loop_id: str) -> LoopPage:
+    """Gather the page of ``outer_loop_id``. Raises what
+    :func:`~little_es.outer_loop.load_outer_loop` raises for the id."""
+    loop = load_outer_loop(world, outer_loop_id)
+    cycles = tuple(
+        CycleView(
+            c,
+            cycle_cost(world, c),
+            world.run_exists(c.started.planner_run_id),
+            world.run_exists(c.started.run_id),
+        )
+        for _, c in sorted(loop.cycles.items())
+    )
+    return LoopPage(loop, cycles, loop_totals(world, loop))
 
 
 def runs_list(
