@@ -11,8 +11,9 @@ run is two task steps. Every model call, tool call and step appends one line
 to the ledger ``$OUTER_LOOP_LEDGER`` (one ``O_APPEND`` write, in the file
 before the process can be killed), so the tests count real executions.
 
-``$OUTER_LOOP_PROMPT`` picks the planner's prompt (``v1``, the default, or
-``v2``: the drift tests change it between a kill and a resume);
+``$OUTER_LOOP_PROMPT`` picks the planner (``v1``, the default; ``v2``, another
+prompt; ``tools``, one more tool: the drift tests change it between a kill and
+a resume);
 ``$OUTER_LOOP_KILL_IN_CYCLE=N`` makes the ``work`` step of the cycle whose
 input is ``{"x": N}`` SIGKILL its process the first time it runs.
 """
@@ -26,8 +27,6 @@ import signal
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from little_es import (
     ModelRequest,
     ModelResponse,
@@ -39,7 +38,7 @@ from little_es import (
     task,
     tool,
 )
-from little_es.outer_loop import LoopContext, Planner, run_outer_loop
+from little_es.outer_loop import Planner, run_outer_loop
 from little_es.world import open_world
 
 PROMPTS = {"v1": "Improve the score; stop when it is good.", "v2": "Raise the score, then stop."}
@@ -109,20 +108,21 @@ def score(ctx: StepContext) -> dict[str, Any]:
 improve = Workflow("improve", steps=[task("work", work), task("score", score)])
 
 
+@tool
+def peek(cycle: int) -> str:
+    """Peek at one cycle's logs (given to the planner by the ``tools`` variant only)."""
+    ledger(f"tool peek {cycle}")
+    return "nothing unusual"
+
+
 def make_planner(variant: str | None = None) -> Planner:
-    prompt = PROMPTS[variant or os.environ.get("OUTER_LOOP_PROMPT", "v1")]
+    """The planner; ``variant`` ``v2`` has another prompt, ``tools`` one more tool."""
+    variant = variant or os.environ.get("OUTER_LOOP_PROMPT", "v1")
     return Planner(
         model=ScriptedModel(respond=plan, model_id="planner-1"),
-        prompt=prompt,
-        tools=[look],
+        prompt=PROMPTS["v1" if variant == "tools" else variant],
+        tools=[look, peek] if variant == "tools" else [look],
         system="You plan improvement cycles.",
-    )
-
-
-def prompt_fn(context: LoopContext) -> str:
-    return (
-        f"Plan cycle {context.cycle}.\n\nThe loop so far (JSON):\n"
-        + orjson.dumps(context.to_json()).decode()
     )
 
 
