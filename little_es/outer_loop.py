@@ -37,7 +37,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from little_es.domain import LoopCycle, OuterLoop
-from little_es.durability import RunRecorder, read_output
+from little_es.durability import RunRecorder, cancel_run, read_output
 from little_es.engine.local import run_workflow
 from little_es.errors import (
     ConcurrentRunError,
@@ -575,6 +575,17 @@ class _Driver:
         )
         self.save()
         self.log.warning("outer loop cycle abandoned: planner drift", cycle=cycle.number)
+        # Its unfinished runs are cancelled (never resumed by accident, not listed as
+        # running forever); after the loop's own record, which is the truth of it.
+        for run_id in _cycle_runs(cycle):
+            status, _ = _run_fold_status(self.world, run_id)
+            if status is not None and status not in (*_FINISHED, "cancelled"):
+                cancel_run(
+                    self.world,
+                    run_id,
+                    reason=f"outer loop cycle {cycle.number} abandoned: its planner drifted",
+                    requested_by=f"outer loop {self.started.outer_loop_id}",
+                )
         return True
 
     async def plan(self, cycle: LoopCycle) -> None:

@@ -46,6 +46,7 @@ from little_es.cli import app
 from little_es.events import OuterLoopCycleAbandoned
 from little_es.outer_loop import _lease_key, encode_view
 from little_es.render import render_loop_report
+from little_es.replay import replay_run
 from little_es.testing import CrashRunner
 from little_es.world import local_world, memory_world
 from tests import _outer_loop_proc as proc
@@ -478,6 +479,10 @@ def test_drift_of_the_planner_abandons_the_pending_cycle_and_starts_a_fresh_one(
         assert abandoned.old_manifest_hash != abandoned.new_manifest_hash
         # Nothing of the abandoned cycle is deleted; the fresh one ran from its planner.
         assert world.run_exists("loop_d.cycle-2") and world.run_exists("loop_d.cycle-2.plan")
+        # Its unfinished run is cancelled, so nothing resumes it by accident.
+        abandoned_run = replay_run(world, "loop_d.cycle-2").state
+        assert abandoned_run.status == "cancelled"
+        assert abandoned_run.stop_reason == "outer loop cycle 2 abandoned: its planner drifted"
         assert runs["step loop_d.cycle-2 work"] == 1
         assert runs["model loop_d 3 1"] == 1 and runs["step loop_d.cycle-3 score"] == 1
         assert runs["model loop_d 1 1"] == 1, "a completed cycle's planner is never re-called"
