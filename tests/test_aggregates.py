@@ -284,3 +284,70 @@ def test_a_projection_over_the_world_log_sees_runs_and_domain_events_in_one_orde
         "Ticket.Commented",
         "RunCompleted",
     ]
+
+
+def test_the_example_runs_and_its_ticket_is_changed_once() -> None:
+    done = subprocess.run(
+        [sys.executable, str(_REPO / "examples" / "domain_aggregates.py")],
+        env={**os.environ, "PYTHONPATH": str(_REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "exited with -9" in out
+    assert "the ticket's events after the kill: ['Opened']" in out
+    assert "the model was called 0 times" in out
+    assert "the ticket's events: ['Opened', 'Commented']" in out
+    assert "'My order arrived broken'  runs=['run_support_1']  $0.008100" in out
+    assert "Where is my invoice" not in out.split("4. open tickets")[1]
+
+
+@pytest.mark.backends("postgres")
+def test_an_eventsourcing_projection_runner_follows_the_world_live(world: World) -> None:
+    # eventsourcing's ProjectionRunner builds its own application from the world's settings
+    # and subscribes to its log (PostgreSQL's LISTEN/NOTIFY; eventsourcing's SQLite recorder
+    # has no subscriptions: read it with select_notifications as above).
+    from functools import singledispatchmethod
+
+    from eventsourcing.popo import POPOTrackingRecorder
+    from eventsourcing.projection import Projection, ProjectionRunner
+
+    from little_es.world import LittleApplication
+
+    class View(POPOTrackingRecorder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.order: list[str] = []
+
+    class Live(Projection[View]):
+        name = "live_tickets"
+
+        @singledispatchmethod
+        def process_event(self, domain_event: Any, tracking: Tracking) -> None:
+            self.view.order.append(type(domain_event).__qualname__)
+            self.view.insert_tracking(tracking)
+
+    ticket_id = _open_ticket(world)
+    env = {**world.app.env, "LIVE_TICKETS_PERSISTENCE_MODULE": "eventsourcing.popo"}
+    with ProjectionRunner(
+        application_class=LittleApplication, projection_class=Live, view_class=View, env=env
+    ) as runner:
+        asyncio.run(
+            run_workflow(world, triage_workflow(), {"ticket_id": str(ticket_id)}, run_id="live")
+        )
+        last = world.app.recorder.max_notification_id()
+        assert last is not None
+        runner.view.wait(world.app.name, last, timeout=10)
+        order = [n for n in runner.view.order if n != "StepStarted"]
+    assert order == [
+        "WorldCreated",
+        "Ticket.Opened",
+        "RunStarted",
+        "StepCompleted",
+        "Ticket.Commented",
+        "StepCompleted",
+        "Ticket.Resolved",
+        "RunCompleted",
+    ]
