@@ -84,9 +84,10 @@ class PydanticMapper(Mapper[UUID]):
         if not isinstance(domain_event, Event):
             raise UnstorableEventError(
                 f"cannot store {type(domain_event).__module__}.{type(domain_event).__qualname__}:"
-                " a world stores little_es events only; define it as a subclass of"
-                " little_es.events.RunEvent (or Event) with a wire_name, or save it with the"
-                " application it belongs to"
+                " a world stores little_es events only through its application; define it as"
+                " a subclass of little_es.events.RunEvent (or Event) with a wire_name, save an"
+                " eventsourcing aggregate through a step's ctx.aggregates (or"
+                " world.aggregates()), or save it with the application it belongs to"
             )
         event = domain_event
         topic, data = self.encode_payload(event)

@@ -32,6 +32,7 @@ from little_es import (
     StepFailed,
     UnknownEventTypeError,
     Workflow,
+    parallel,
     replay_run,
     run_workflow,
     task,
@@ -351,3 +352,34 @@ def test_an_eventsourcing_projection_runner_follows_the_world_live(world: World)
         "Ticket.Resolved",
         "RunCompleted",
     ]
+
+
+def test_parallel_branches_change_one_aggregate_each_and_a_group_function_cannot(
+    world: World,
+) -> None:
+    ids = {key: _open_ticket(world, key) for key in ("a", "b", "c")}
+
+    def branches(ctx: StepContext) -> list[str]:
+        return sorted(ids)
+
+    def comment(ctx: StepContext) -> int:
+        ticket = ctx.aggregates.get(Ticket, ids[ctx.branch_value])
+        ticket.comment(f"branch {ctx.branch_value}")
+        return ticket.version
+
+    def touch_in_branches(ctx: StepContext) -> list[str]:
+        ctx.aggregates.get(Ticket, ids["a"]).comment("lost")
+        return ["a"]
+
+    fan_out = Workflow("fan", steps=[parallel("each", branches=branches, step=task("c", comment))])
+    result = asyncio.run(run_workflow(world, fan_out, {}, run_id="run_fan"))
+    assert result.output == {"a": 2, "b": 2, "c": 2}
+    for key, ticket_id in ids.items():
+        assert world.aggregates().get(Ticket, ticket_id).notes == [f"branch {key}"]
+
+    refused = Workflow(
+        "refused", steps=[parallel("each", branches=touch_in_branches, step=task("c", comment))]
+    )
+    with pytest.raises(RunFailedError, match="not available"):
+        asyncio.run(run_workflow(world, refused, {}, run_id="run_refused"))
+    assert _ticket_events(world, ids["a"]) == ["Opened", "Commented"]

@@ -564,9 +564,22 @@ class StepExecutor:
             raise RunCancelledError(self.run_id, fold.stop_reason)
 
     def context(
-        self, fold: RunFold, step_path: str, attempt: int, branch_value: Any = None
+        self,
+        fold: RunFold,
+        step_path: str,
+        attempt: int,
+        branch_value: Any = None,
+        *,
+        aggregates: bool = False,
     ) -> StepContext:
-        """The context of an attempt of ``step_path``, over the run's input and outputs."""
+        """The context of an attempt of ``step_path``, over the run's input and outputs.
+
+        With ``aggregates``, it carries the attempt's unit of work (``ctx.aggregates``),
+        which :meth:`settle` commits: only for a task, decision or agent step, whose
+        attempt is settled with the context it ran with. A group's ``branches(ctx)`` and a
+        subworkflow step's ``input(ctx)`` get none, so a change there is refused instead
+        of lost.
+        """
         if self._input is None:
             self._input = freeze(read_output(self.world, fold.input, fold.input_ref) or {})
         return StepContext(
@@ -576,7 +589,7 @@ class StepExecutor:
             step_path=step_path,
             attempt=attempt,
             branch_value=branch_value,
-            domain_aggregates=StepAggregates(self.world.load_domain_stream),
+            domain_aggregates=StepAggregates(self.world.load_domain_stream) if aggregates else None,
         )
 
     # ------------------------------------------------------------ one step
@@ -619,7 +632,17 @@ class StepExecutor:
                         session_stream_id(self.run_id, step_path, attempt) if session else None
                     ),
                 )
-            ctx = self.context(rec.fold, step_path, attempt, branch_value) if start else None
+            ctx = (
+                self.context(
+                    rec.fold,
+                    step_path,
+                    attempt,
+                    branch_value,
+                    aggregates=not isinstance(step, SubworkflowStep),
+                )
+                if start
+                else None
+            )
             return Begun(step, step_path, visit, attempt, limit, in_flight, ctx)
 
         begun = await self.writer.write(begin, catch_up=catch_up)

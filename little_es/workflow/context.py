@@ -88,7 +88,8 @@ class StepContext:
             raise AggregateArgumentError(
                 f"ctx.aggregates is not available to {self.step_path!r} here: only a task,"
                 " decision or agent step's code (and an agent's prompt function) changes"
-                " aggregates, committed with its StepCompleted"
+                " aggregates, committed with its StepCompleted; not a parallel group's"
+                " branches(ctx) nor a subworkflow step's input(ctx)"
             )
         return self.domain_aggregates
 
