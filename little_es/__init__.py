@@ -4,11 +4,15 @@ The public API is re-exported here; everything else is internal. See the README.
 """
 
 from little_es._strict import MAX_JSON_DEPTH
+from little_es.aggregates import StepAggregates
 from little_es.backends.base import Lease, RunSummary, check_leases
 from little_es.domain import HarnessSession, LoopCycle, OuterLoop, PriceBook, Run
 from little_es.durability import cancel_run
 from little_es.engine.local import RunResult, run_workflow
 from little_es.errors import (
+    AggregateArgumentError,
+    AggregateConflictError,
+    AggregateNotFoundError,
     ArtifactError,
     ArtifactIntegrityError,
     ArtifactMismatchError,
@@ -170,6 +174,9 @@ from little_es.world import World, local_world, memory_world, open_world, postgr
 __all__ = [
     "END",
     "MAX_JSON_DEPTH",
+    "AggregateArgumentError",
+    "AggregateConflictError",
+    "AggregateNotFoundError",
     "ArtifactError",
     "ArtifactIntegrityError",
     "ArtifactMismatchError",
@@ -266,6 +273,7 @@ __all__ = [
     "SessionInputError",
     "SessionOutcome",
     "SessionStarted",
+    "StepAggregates",
     "StepCompleted",
     "StepContext",
     "StepExecutionError",

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
 from little_es._strict import check_snapshot_payload, check_stored_payload
+from little_es.aggregates import decode_domain_event, encode_domain_event, is_domain_topic
 from little_es.chain import unframe
 from little_es.errors import EventPayloadError, UnknownEventTypeError, UnstorableEventError
 from little_es.events import Event, Snapshot, event_class_for
@@ -83,9 +84,10 @@ class PydanticMapper(Mapper[UUID]):
         if not isinstance(domain_event, Event):
             raise UnstorableEventError(
                 f"cannot store {type(domain_event).__module__}.{type(domain_event).__qualname__}:"
-                " a world stores little_es events only; define it as a subclass of"
-                " little_es.events.RunEvent (or Event) with a wire_name, or save it with the"
-                " application it belongs to"
+                " a world stores little_es events only through its application; define it as"
+                " a subclass of little_es.events.RunEvent (or Event) with a wire_name, save an"
+                " eventsourcing aggregate through a step's ctx.aggregates (or"
+                " world.aggregates()), or save it with the application it belongs to"
             )
         event = domain_event
         topic, data = self.encode_payload(event)
@@ -111,8 +113,27 @@ class PydanticMapper(Mapper[UUID]):
             data = self.cipher.encrypt(data)
         return wire_name, data
 
+    def encode_any(self, event: object) -> tuple[str, bytes]:
+        """:meth:`encode_payload`, or for a user's eventsourcing domain event (a step's
+        aggregate, :mod:`little_es.aggregates`) its eventsourcing topic and payload."""
+        if isinstance(event, Event):
+            return self.encode_payload(event)
+        return encode_domain_event(event)
+
     def to_domain_event(self, stored_event: StoredEvent) -> DomainEventProtocol[UUID]:
-        """Deserialise, upcast and validate a stored event."""
+        """Deserialise, upcast and validate a stored event: a little_es event, or a user's
+        eventsourcing domain event (:mod:`little_es.aggregates`), so an eventsourcing
+        projection over the world's log reads both."""
+        topic = stored_event.topic
+        if event_class_for(topic) is None and is_domain_topic(topic):
+            sid = stored_event.originator_id
+            stream_id = sid if isinstance(sid, UUID) else UUID(sid)
+            version = stored_event.originator_version
+            payload = unframe(stream_id, version, topic, stored_event.state, unframed_allowed=False)
+            return cast(
+                DomainEventProtocol[UUID],
+                decode_domain_event(stream_id, version, topic, payload),
+            )
         return cast(DomainEventProtocol[UUID], self.decode(stored_event))
 
     def decode(self, stored: StoredEvent) -> Event:

@@ -63,6 +63,7 @@ import orjson
 from pydantic import BaseModel
 
 from little_es._strict import check_json_value, refuse_problem
+from little_es.aggregates import DomainStream
 from little_es.backends.base import check_leases
 from little_es.domain import Run
 from little_es.errors import (
@@ -251,12 +252,14 @@ class RunRecorder:
             )
         return read_back, output_ref
 
-    def _commit(self, event_class: type[Event], **fields: Any) -> None:
+    def _commit(
+        self, event_class: type[Event], *, also: Sequence[DomainStream] = (), **fields: Any
+    ) -> None:
         # A driver that lost its lease appends nothing more (the version check
         # fences the moment between this check and the commit).
         check_leases()
         event = self.run.trigger(event_class, **fields)
-        self.world.save(self.run)
+        self.world.save(self.run, *also)
         if self._observer is not None:
             self._observer(event)
 
@@ -291,11 +294,15 @@ class RunRecorder:
         output: Any,
         artifact_refs: Sequence[ArtifactRef] = (),
         next_step: str | None = None,
+        aggregates: Sequence[DomainStream] = (),
     ) -> Any:
         """Commit ``StepCompleted``; return the output as a replay will read it back.
 
         An output whose JSON exceeds :data:`OUTPUT_INLINE_LIMIT` is stored as an
-        artifact first and the event holds its reference.
+        artifact first and the event holds its reference. ``aggregates`` are the
+        new events of the step's domain aggregates (:mod:`little_es.aggregates`),
+        appended in the same transaction: the step's effect on them is committed
+        exactly when the step is.
         """
         inline, output_ref = self._store_output(step_path, output)
         self._commit(
@@ -308,6 +315,7 @@ class RunRecorder:
             output_ref=output_ref,
             artifact_refs=tuple(artifact_refs),
             next_step=next_step,
+            also=aggregates,
         )
         return inline
 

@@ -21,6 +21,9 @@ handle a family::
     ├── EventLogError                        a stored event cannot be read
     │   ├── UnknownEventTypeError (LookupError)
     │   └── EventPayloadError (ValueError)
+    ├── AggregateArgumentError (TypeError)   ctx.aggregates given no eventsourcing aggregate
+    ├── AggregateNotFoundError (LookupError) ctx.aggregates.get of an id with no events
+    ├── AggregateConflictError               another writer changed a step's aggregate first
     ├── ConcurrencyConflictError             another writer appended first
     │   └── ConcurrentRunError               another process drives this run
     ├── RunsProjectionError                  the runs read model cannot catch up
@@ -150,6 +153,28 @@ class UnstorableEventError(LittleEsError, TypeError):
     another application, say), or an ``Event`` subclass without a
     ``wire_name``: a world stores its own events only, each under its wire name.
     """
+
+
+class AggregateArgumentError(LittleEsError, TypeError):
+    """``ctx.aggregates`` was given something other than an eventsourcing aggregate (class)
+    and a UUID, or a step's aggregates are not available on this engine."""
+
+
+class AggregateNotFoundError(LittleEsError, LookupError):
+    """``ctx.aggregates.get`` of an aggregate id with no events in the world."""
+
+
+class AggregateConflictError(LittleEsError):
+    """Another writer changed an aggregate a step changed, after the step read it.
+
+    Nothing of the step's commit was written; the attempt is recorded as a
+    retryable ``StepFailed`` and the next attempt (the step's ``RetryPolicy``)
+    reads the aggregate afresh. Not a :class:`ConcurrencyConflictError`: that
+    one means another writer of the run's own stream, which the engine decides
+    again on its own.
+    """
+
+    retryable = True
 
 
 # -------------------------------------------------------- the stored log

@@ -15,6 +15,11 @@ read once, when the first world of the process saves):
     SIGKILL during the Nth write of an outer loop's view file, after its
     temporary file is written and before it replaces the old view.
 
+``LITTLE_ES_CRASH_BEFORE_EVENT=wire_name[:field=value[,field=value...]]``
+    SIGKILL right *before* the append that would commit the first such event:
+    e.g. ``StepCompleted:step_path=resolve`` kills a step after its code ran (and
+    changed its aggregates, :mod:`little_es.aggregates`) but before its commit.
+
 The kill is a real ``SIGKILL``: no ``finally`` block, no atexit handler and no
 buffered write of this process runs after it, exactly like a crash.
 """
@@ -27,10 +32,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 
-from little_es.events import Event
-
 CRASH_AFTER_APPENDS = "LITTLE_ES_CRASH_AFTER_APPENDS"
 CRASH_AFTER_EVENT = "LITTLE_ES_CRASH_AFTER_EVENT"
+CRASH_BEFORE_EVENT = "LITTLE_ES_CRASH_BEFORE_EVENT"
 CRASH_DURING_VIEW_WRITE = "LITTLE_ES_CRASH_DURING_VIEW_WRITE"
 
 _view_writes = 0
@@ -44,12 +48,7 @@ class _Plan:
     appends: int = 0
 
 
-@cache
-def _plan() -> _Plan | None:
-    appends = os.environ.get(CRASH_AFTER_APPENDS)
-    spec = os.environ.get(CRASH_AFTER_EVENT)
-    if not appends and not spec:
-        return None
+def _parse(variable: str, spec: str | None) -> tuple[str | None, dict[str, str]]:
     fields: dict[str, str] = {}
     wire_name = None
     if spec:
@@ -57,18 +56,45 @@ def _plan() -> _Plan | None:
         for pair in filter(None, rest.split(",")):
             key, sep, value = pair.partition("=")
             if not sep:
-                raise ValueError(f"{CRASH_AFTER_EVENT}: expected field=value, got {pair!r}")
+                raise ValueError(f"{variable}: expected field=value, got {pair!r}")
             fields[key.strip()] = value.strip()
+    return wire_name, fields
+
+
+@cache
+def _plan() -> _Plan | None:
+    appends = os.environ.get(CRASH_AFTER_APPENDS)
+    spec = os.environ.get(CRASH_AFTER_EVENT)
+    if not appends and not spec:
+        return None
+    wire_name, fields = _parse(CRASH_AFTER_EVENT, spec)
     return _Plan(int(appends) if appends else None, wire_name, fields)
 
 
-def _matches(plan: _Plan, event: Event) -> bool:
-    if event.wire_name != plan.wire_name:
+@cache
+def _before_plan() -> _Plan | None:
+    spec = os.environ.get(CRASH_BEFORE_EVENT)
+    if not spec:
+        return None
+    wire_name, fields = _parse(CRASH_BEFORE_EVENT, spec)
+    return _Plan(None, wire_name, fields)
+
+
+def _matches(plan: _Plan, event: object) -> bool:
+    # A user's eventsourcing domain event (little_es.aggregates) has no wire name.
+    if getattr(event, "wire_name", None) != plan.wire_name:
         return False
     return all(str(getattr(event, k, None)) == v for k, v in plan.fields.items())
 
 
-def after_append(events: Sequence[Event]) -> None:
+def before_append(events: Sequence[object]) -> None:
+    """Called by the world before each append; kills the process if planned."""
+    plan = _before_plan()
+    if plan is not None and any(_matches(plan, e) for e in events):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def after_append(events: Sequence[object]) -> None:
     """Called by the world after each committed append; kills the process if planned."""
     plan = _plan()
     if plan is None:

@@ -18,6 +18,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict
 
+from little_es.aggregates import is_domain_topic
 from little_es.chain import check_rows
 from little_es.codec import PydanticMapper
 from little_es.errors import ArtifactError, EventLogError, RunNotFoundError
@@ -30,6 +31,7 @@ from little_es.events import (
     StepStarted,
     SubRunReserved,
     WorldCreated,
+    event_class_for,
 )
 from little_es.ids import run_stream_id, validate_run_id
 from little_es.values import ArtifactRef
@@ -45,9 +47,11 @@ class StreamCheck(BaseModel):
 
     stream_id: UUID
     kind: str
-    """``run``, ``session``, ``outer_loop``, ``world``, ``prices`` or ``stream``."""
+    """``run``, ``session``, ``outer_loop``, ``world``, ``prices``, ``aggregate`` (a user's
+    eventsourcing aggregate, :mod:`little_es.aggregates`) or ``stream``."""
     name: str
-    """The run id, ``run_id/step_path#attempt`` of a session, the loop id, or the stream id."""
+    """The run id, ``run_id/step_path#attempt`` of a session, the loop id, an aggregate's
+    class topic, or the stream id."""
     events: int
     """How many rows it has."""
     problem: str | None = None
@@ -147,7 +151,11 @@ class _Checker:
         """Read one stream as the runtime would; record what holds. Returns its events."""
         if stream_id in self.streams:
             return []
-        count = len(self.world.backend.select_rows(stream_id, None))
+        rows = self.world.backend.select_rows(stream_id, None)
+        count = len(rows)
+        if rows and event_class_for(rows[0][1]) is None and is_domain_topic(rows[0][1]):
+            self._check_domain_stream(stream_id, rows[0][1], count)
+            return []
         try:
             events = self.world.read_stream(stream_id)
             # Beyond what a read checks: every row's own digest and link, frames included.
@@ -174,6 +182,23 @@ class _Checker:
             for ref in _artifact_refs(event):
                 self._check_artifact(ref, run_id)
         return events
+
+    def _check_domain_stream(self, stream_id: UUID, first_topic: str, count: int) -> None:
+        """A user's aggregate: its chain, head and rows checked, each payload a JSON object
+        (its classes are the user's, and need not be importable here)."""
+        problem = None
+        try:
+            self.world.check_domain_stream(stream_id)
+            check_rows(stream_id, self.world.backend.select_rows(stream_id, None))
+        except EventLogError as exc:
+            problem = " ".join(str(exc).split())
+        self.streams[stream_id] = StreamCheck(
+            stream_id=stream_id,
+            kind="aggregate",
+            name=first_topic.rsplit(".", 1)[0],
+            events=count,
+            problem=problem,
+        )
 
     def _first_event(self, stream_id: UUID) -> list[Event]:
         """The stream's first event alone, if it can be read: it names a broken stream."""

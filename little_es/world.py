@@ -39,6 +39,14 @@ from eventsourcing.application import Application
 from eventsourcing.persistence import IntegrityError, StoredEvent
 from eventsourcing.utils import Environment, EnvType, get_topic
 
+from little_es.aggregates import (
+    DomainStream,
+    LoadedDomainStream,
+    StepAggregates,
+    check_domain_payload,
+    decode_domain_event,
+    is_domain_topic,
+)
 from little_es.backends.base import Backend, Lease, check_leases
 from little_es.backends.memory import MemoryBackend
 from little_es.backends.sqlite import SQLiteBackend, Synchronous
@@ -51,16 +59,20 @@ from little_es.chain import (
     is_framed,
     payload_of,
     row_digest,
+    seed,
     verify_stream,
 )
 from little_es.codec import OrjsonTranscoder, PydanticMapper
 from little_es.domain import Aggregate, HarnessSession, OuterLoop, PriceBook, Run, WorldRecord
 from little_es.errors import (
+    AggregateArgumentError,
+    AggregateConflictError,
     ConcurrencyConflictError,
     EventLogError,
     LogTamperedError,
     PricingError,
     RunNotFoundError,
+    UnknownEventTypeError,
     UnstorableEventError,
     WorldConfigError,
     WorldIntegrityError,
@@ -75,9 +87,10 @@ from little_es.events import (
     Snapshot,
     StepStarted,
     WorldCreated,
+    event_class_for,
     utc_now,
 )
-from little_es.faults import after_append
+from little_es.faults import after_append, before_append
 from little_es.ids import (
     outer_loop_stream_id,
     price_book_stream_id,
@@ -507,8 +520,11 @@ class World:
 
     # ------------------------------------------------------------------ writing
 
-    def save(self, *aggregates: Aggregate) -> None:
+    def save(self, *aggregates: Aggregate | DomainStream) -> None:
         """Append every aggregate's pending events in one transaction.
+
+        A :class:`~little_es.aggregates.DomainStream` carries a user's eventsourcing
+        aggregate's new events, committed with the step's ``StepCompleted``.
 
         Each row is framed with the stream's hash chain (:mod:`little_es.chain`).
         The commit is fsynced unless it holds only write-ahead records
@@ -519,10 +535,12 @@ class World:
         if self._unrecorded and not any(isinstance(a, WorldRecord) for a in aggregates):
             # A new world's first save records the world in the same transaction.
             aggregates = (self._new_record(LOG_FORMAT_CHAINED), *aggregates)
-        batches = [(a, a.collect_events()) for a in aggregates]
+        batches: list[tuple[Aggregate | DomainStream, list[Any]]] = [
+            (a, a.collect_events()) for a in aggregates
+        ]
         stored: list[StoredEvent] = []
         heads: dict[UUID, tuple[Head, Running]] = {}
-        encode = self._mapper.encode_payload
+        encode = self._mapper.encode_any
         for aggregate, events in batches:
             if not events:
                 continue
@@ -539,7 +557,10 @@ class World:
         if not stored:
             return
         pending = [e for _, events in batches for e in events]
-        durable = not all(type(e).write_ahead for e in pending)
+        # A user's domain event (no write_ahead flag) is a result, like the StepCompleted
+        # it is committed with.
+        durable = not all(getattr(type(e), "write_ahead", False) for e in pending)
+        before_append(pending)
         try:
             self._insert(stored, durable, heads, aggregates)
         except _RecordedElsewhereError:
@@ -566,7 +587,7 @@ class World:
         stored: list[StoredEvent],
         durable: bool,
         heads: dict[UUID, tuple[Head, Running]],
-        aggregates: Sequence[Aggregate],
+        aggregates: Sequence[Aggregate | DomainStream],
     ) -> None:
         try:
             # The heads move with the commits that hold a result: a commit of write-ahead
@@ -581,7 +602,7 @@ class World:
                 f"another writer appended to {ids} first; nothing was written: reload and retry"
             ) from exc
 
-    def _take_snapshots(self, batches: list[tuple[Aggregate, list[Event]]]) -> None:
+    def _take_snapshots(self, batches: list[tuple[Aggregate | DomainStream, list[Any]]]) -> None:
         """Snapshot each aggregate whose save reached ``interval * 2**k`` events (see
         :data:`RUN_SNAPSHOT_INTERVAL`)."""
         # eventsourcing's Application.save would reload the aggregate from the
@@ -590,7 +611,12 @@ class World:
             return
         for aggregate, events in batches:
             interval = self.app.snapshotting_intervals.get(type(aggregate))
-            if interval and events and _reached_doubling(aggregate.version, len(events), interval):
+            if (
+                interval
+                and events
+                and isinstance(aggregate, Aggregate)
+                and _reached_doubling(aggregate.version, len(events), interval)
+            ):
                 self._snapshot(aggregate)
 
     def _snapshot(self, aggregate: Aggregate) -> None:
@@ -666,6 +692,31 @@ class World:
         self.save(run)
         return event
 
+    def aggregates(self) -> StepAggregates:
+        """A unit of work over your eventsourcing aggregates outside a step (a step has
+        ``ctx.aggregates``): ``get``, ``add``, then :meth:`commit_aggregates`."""
+        return StepAggregates(self.load_domain_stream)
+
+    def commit_aggregates(self, unit: StepAggregates) -> int:
+        """Append the new events of the aggregates ``unit`` holds, in one transaction; return
+        how many. Raises :class:`~little_es.errors.AggregateConflictError` (nothing written)
+        when another writer changed one of them since it was read."""
+        if not isinstance(unit, StepAggregates):
+            raise AggregateArgumentError(
+                f"commit_aggregates needs the unit from world.aggregates(), got"
+                f" {type(unit).__name__}"
+            )
+        changes = unit.take_changes()
+        try:
+            self.save(*changes)
+        except ConcurrencyConflictError:
+            raise AggregateConflictError(
+                "another writer changed "
+                + ", ".join(f"{type(c.aggregate).__qualname__} {c.id}" for c in changes)
+                + " first; nothing was written: read them again and retry"
+            ) from None
+        return sum(len(c.events) for c in changes)
+
     # ------------------------------------------------------------------ reading
 
     def read_stream(self, stream_id: UUID, *, after: int | None = None) -> list[Event]:
@@ -718,6 +769,32 @@ class World:
         ]
         events.append(decode(stream_id, last_version, last_topic, payload_of(last_state)))
         return events, len(rows) - len(events)
+
+    def load_domain_stream(self, stream_id: UUID) -> LoadedDomainStream:
+        """A user's eventsourcing aggregate's stream (:mod:`little_es.aggregates`): its domain
+        events decoded (none when it has no rows) and its chain verified, as every read is.
+
+        Raises :class:`~little_es.errors.UnknownEventTypeError` for a stream of little_es's
+        own events (a run, a session): those are not a user's aggregates.
+        """
+        with gc_paused():
+            checked = self._verified(stream_id)
+            events = []
+            for version, topic, data in checked.rows:
+                if not is_domain_topic(topic) or event_class_for(topic) is not None:
+                    raise UnknownEventTypeError(
+                        f"stream {stream_id} holds little_es's own {topic!r} events, not a"
+                        " user's aggregate: use another aggregate id"
+                    )
+                events.append(decode_domain_event(stream_id, version, topic, payload_of(data)))
+            running = checked.running if checked.rows else seed(stream_id)
+            return LoadedDomainStream(events, checked.digest, running)
+
+    def check_domain_stream(self, stream_id: UUID) -> None:
+        """Verify a user's aggregate's stream (its chain and head, each payload a JSON
+        object) without importing the user's classes: ``little verify``'s check."""
+        for version, topic, data in self._verified(stream_id).rows:
+            check_domain_payload(stream_id, version, topic, payload_of(data))
 
     def has_events_after(self, stream_id: UUID, version: int) -> bool:
         """Whether the stream holds an event after ``version``: one indexed query, no read of

@@ -55,7 +55,10 @@ from little_es.orchestrator import sub_run_id_for_call
 from little_es.replay import replay_run
 from little_es.values import ToolCall, Usage
 from little_es.workflow.authoring import Workflow, agent, task
+from little_es.workflow.context import StepContext
+from little_es.workflow.ir import RetryPolicy
 from little_es.world import World, local_world
+from tests._tickets import Ticket, resolve_step
 
 # The shared fixtures, bound to the names pytest finds them by.
 dev_server = _support.dev_server
@@ -1051,3 +1054,71 @@ async def test_a_local_only_step_refuses_the_run_before_temporal_or_the_log_hear
     with pytest.raises(RPCError):
         await client.get_workflow_handle("run_local_only").describe()
     assert not world.run_exists("run_local_only")
+
+
+# ------------------------------------------------------------ domain aggregates
+
+
+def _conflicted_comment(ctx: StepContext) -> int:
+    """Comment on the ticket; on attempt 1 another writer comments first (a conflict)."""
+    ticket_id = uuid.UUID(ctx.input["ticket_id"])
+    ticket = ctx.aggregates.get(Ticket, ticket_id)
+    ticket.comment(f"attempt {ctx.attempt}")
+    if ctx.attempt == 1:
+        with local_world(ctx.input["world_dir"]) as other_world:
+            other = other_world.aggregates()
+            other.get(Ticket, ticket_id).comment("from the UI")
+            other_world.commit_aggregates(other)
+    return ticket.version
+
+
+_AGGREGATE_WORKFLOW = Workflow(
+    "t_aggregates",
+    version="1",
+    steps=[
+        task("comment", _conflicted_comment, retry=RetryPolicy(max_attempts=2)),
+        task("resolve", resolve_step),
+    ],
+)
+
+
+@pytest.mark.backends("sqlite")
+async def test_a_step_changes_aggregates_exactly_once_on_temporal(
+    client: Client, world: World, world_spec: Any
+) -> None:
+    # The activity commits the ticket's events with the step's StepCompleted, as the local
+    # engine does; a concurrent change is a retryable failure Temporal retries.
+    unit = world.aggregates()
+    ticket = unit.add(Ticket(subject="on temporal"))
+    world.commit_aggregates(unit)
+    queue = _queue()
+    worker = create_worker(
+        client,
+        world,
+        workflows=[_AGGREGATE_WORKFLOW],
+        task_queue=queue,
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=1),
+    )
+    async with worker:
+        handle = await start_run(
+            client,
+            _AGGREGATE_WORKFLOW,
+            {"ticket_id": str(ticket.id), "world_dir": str(world_spec.data_dir)},
+            run_id="run_t_aggregates",
+            task_queue=queue,
+            timeouts=_FAST,
+        )
+        done = await handle.result()
+    await asyncio.sleep(0.2)
+    assert isinstance(done, RunDone)
+    stored = world.aggregates().get(Ticket, ticket.id)
+    assert stored.notes == ["from the UI", "attempt 2", "refund issued"]
+    assert [type(e).__name__ for e in world.load_domain_stream(ticket.id).events] == [
+        "Opened",
+        "Commented",
+        "Commented",
+        "Resolved",
+    ]
+    state = replay_run(world, "run_t_aggregates").state
+    assert state.status == "completed" and state.steps["comment"].attempts == 2
+    assert state.steps["comment"].output == 3

@@ -62,6 +62,7 @@ from datetime import datetime
 from typing import Any, NamedTuple, TypeAlias, TypeVar
 
 from little_es._frozen import freeze
+from little_es.aggregates import DomainStream, StepAggregates
 from little_es.backends.base import check_leases
 from little_es.durability import (
     INPUT_PATH,
@@ -76,8 +77,11 @@ from little_es.engine.integrity import (
 )
 from little_es.engine.walk import branch_path
 from little_es.errors import (
+    AggregateConflictError,
     BudgetExceededError,
+    ConcurrencyConflictError,
     EngineUnsupportedError,
+    EventPayloadError,
     RunCancelledError,
     RunStateError,
     RunStoppedError,
@@ -639,9 +643,22 @@ class StepExecutor:
             raise RunCancelledError(self.run_id, fold.stop_reason)
 
     def context(
-        self, fold: RunFold, step_path: str, attempt: int, branch_value: Any = None
+        self,
+        fold: RunFold,
+        step_path: str,
+        attempt: int,
+        branch_value: Any = None,
+        *,
+        aggregates: bool = False,
     ) -> StepContext:
-        """The context of an attempt of ``step_path``, over the run's input and outputs."""
+        """The context of an attempt of ``step_path``, over the run's input and outputs.
+
+        With ``aggregates``, it carries the attempt's unit of work (``ctx.aggregates``),
+        which :meth:`settle` commits: only for a task, decision or agent step, whose
+        attempt is settled with the context it ran with. A group's ``branches(ctx)`` and a
+        subworkflow step's ``input(ctx)`` get none, so a change there is refused instead
+        of lost.
+        """
         if self._input is None:
             self._input = freeze(read_output(self.world, fold.input, fold.input_ref) or {})
         return StepContext(
@@ -651,6 +668,7 @@ class StepExecutor:
             step_path=step_path,
             attempt=attempt,
             branch_value=branch_value,
+            domain_aggregates=StepAggregates(self.world.load_domain_stream) if aggregates else None,
         )
 
     # ------------------------------------------------------------ one step
@@ -693,7 +711,17 @@ class StepExecutor:
                         session_stream_id(self.run_id, step_path, attempt) if session else None
                     ),
                 )
-            ctx = self.context(rec.fold, step_path, attempt, branch_value) if start else None
+            ctx = (
+                self.context(
+                    rec.fold,
+                    step_path,
+                    attempt,
+                    branch_value,
+                    aggregates=not isinstance(step, SubworkflowStep),
+                )
+                if start
+                else None
+            )
             return Begun(step, step_path, visit, attempt, limit, in_flight, ctx)
 
         begun = await self.writer.write(begin, catch_up=catch_up)
@@ -760,24 +788,55 @@ class StepExecutor:
         if outcome.error is not None:
             return await self._fail(begun, outcome.error, outcome.exception)
         path = begun.step_path
+        changes: tuple[DomainStream, ...] = ()
+        unit = begun.ctx.domain_aggregates if begun.ctx is not None else None
+        if unit is not None:
+            try:
+                changes = unit.take_changes()
+            except EventPayloadError as exc:
+                # An aggregate event that cannot be stored: this attempt's failure, and
+                # one a retry of the same code would repeat.
+                return await self._fail(begun, ErrorInfo.from_exception(exc, retryable=False), exc)
 
         def complete(rec: RunRecorder) -> Committed:
             done = completed_step(rec.fold, path)
             if done is not None:
                 # Another attempt (one Temporal gave up on but that kept running)
-                # committed first; its result is the step's result.
+                # committed first; its result (and its effect on aggregates) is the step's.
                 return Committed(done, executed=True)
-            value = rec.step_completed(
-                path,
-                step_id=begun.step.id,
-                visit=begun.visit,
-                attempt=begun.attempt,
-                output=outcome.output,
-                next_step=outcome.next_step,
-            )
+            try:
+                value = rec.step_completed(
+                    path,
+                    step_id=begun.step.id,
+                    visit=begun.visit,
+                    attempt=begun.attempt,
+                    output=outcome.output,
+                    next_step=outcome.next_step,
+                    aggregates=changes,
+                )
+            except ConcurrencyConflictError:
+                stale = [c for c in changes if self.world.has_events_after(c.id, c.base_version)]
+                if not stale:
+                    raise  # the run's own stream: the writer decides again
+                # Nothing was written; the run's aggregate holds the StepCompleted that
+                # was not saved, so it is read afresh before the failure is recorded.
+                rec.reload()
+                raise AggregateConflictError(
+                    f"step {path!r} of run {self.run_id!r}: another writer changed "
+                    + ", ".join(
+                        f"{type(c.aggregate).__qualname__} {c.id} (read at version"
+                        f" {c.base_version})"
+                        for c in stale
+                    )
+                    + " first; nothing of this attempt was committed, and the next attempt"
+                    " reads it afresh (give the step a RetryPolicy to retry it)"
+                ) from None
             return Committed(rec.fold.steps[path], executed=True, value=value)
 
-        return await self.writer.write(complete, catch_up=False)
+        try:
+            return await self.writer.write(complete, catch_up=False)
+        except AggregateConflictError as exc:
+            return await self._fail(begun, ErrorInfo.from_exception(exc), exc)
 
     async def _fail(self, begun: Begun, error: ErrorInfo, cause: BaseException | None) -> Retry:
         will_retry = error.retryable and begun.attempt < begun.limit

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from little_es._frozen import freeze
+from little_es.aggregates import StepAggregates
+from little_es.errors import AggregateArgumentError
 from little_es.ids import validate_run_id
 from little_es.workflow.paths import StepPathParts, parse_step_path
 
@@ -31,7 +33,9 @@ class StepContext:
     ``step_id``, ``visit``, ``group_id``, ``branch_key`` and ``group_visit`` are
     read from it. ``attempt`` is 1-based and grows only with retries after a
     recorded failure. ``branch_value`` is the value of this parallel branch
-    (None outside a branch).
+    (None outside a branch). ``aggregates`` is the attempt's unit of work over the
+    user's eventsourcing aggregates (:mod:`little_es.aggregates`), whose changes are
+    committed with the step's ``StepCompleted``.
     """
 
     run_id: str
@@ -40,6 +44,8 @@ class StepContext:
     step_path: str
     attempt: int = 1
     branch_value: Any = None
+    domain_aggregates: StepAggregates | None = field(default=None, repr=False, compare=False)
+    """The engine's unit of work behind :attr:`aggregates` (None: not available here)."""
     _parts: StepPathParts = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -68,6 +74,24 @@ class StepContext:
         object.__setattr__(self, "input", freeze(self.input))
         object.__setattr__(self, "outputs", freeze(self.outputs))
         object.__setattr__(self, "branch_value", freeze(self.branch_value))
+
+    @property
+    def aggregates(self) -> StepAggregates:
+        """The step's eventsourcing aggregates: ``get(cls, id)``, ``add(new)``; what the step
+        changes is committed with its ``StepCompleted``, exactly once
+        (:mod:`little_es.aggregates`).
+
+        Raises :class:`~little_es.errors.AggregateArgumentError` for a context the engine
+        did not build for a step attempt (a group's ``branches(ctx)``, a hand-built context).
+        """
+        if self.domain_aggregates is None:
+            raise AggregateArgumentError(
+                f"ctx.aggregates is not available to {self.step_path!r} here: only a task,"
+                " decision or agent step's code (and an agent's prompt function) changes"
+                " aggregates, committed with its StepCompleted; not a parallel group's"
+                " branches(ctx) nor a subworkflow step's input(ctx)"
+            )
+        return self.domain_aggregates
 
     @property
     def step_id(self) -> str:
