@@ -178,7 +178,10 @@ ORCH = Workflow(
     steps=[
         task("fetch", _step),
         agent(
-            "fan", model=OrchestratorModel(), prompt="start them", tools=[start_workflow_tool([SMALL])]
+            "fan",
+            model=OrchestratorModel(),
+            prompt="start them",
+            tools=[start_workflow_tool([SMALL])],
         ),
         task("done", _step),
     ],
