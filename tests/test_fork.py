@@ -47,7 +47,7 @@ from little_es.orchestrator import list_sub_runs
 from little_es.render import render_report
 from little_es.replay import replay_run
 from little_es.verify import verify_world
-from little_es.workflow.authoring import Workflow, task
+from little_es.workflow.authoring import Workflow, parallel, task
 from little_es.workflow.context import StepContext
 from little_es.workflow.ir import RetryPolicy
 from little_es.world import World
@@ -113,9 +113,7 @@ def test_a_fork_at_a_step_reuses_everything_before_it_and_runs_from_there(
 
 
 @pytest.mark.backends("memory", "sqlite")
-def test_a_fork_inside_an_agent_step_keeps_the_turns_before_it(
-    world: World, ledger: Path
-) -> None:
+def test_a_fork_inside_an_agent_step_keeps_the_turns_before_it(world: World, ledger: Path) -> None:
     _origin(world, ledger)
     forked = fork_run(world, ORIGIN, at="plan#turn=3", new_run_id=FORK)
     session = world.read_stream(session_stream_id(FORK, "plan", 1))
@@ -297,3 +295,62 @@ def test_little_fork_on_the_command_line(world_spec: WorldSpec, world: World, le
     verify = runner.invoke(app, ["verify", FORK, "--world", world_spec.url])
     assert verify.exit_code == 0 and f"run       {FORK}" in verify.output
     assert isinstance(world.read_stream(run_stream_id(FORK))[-1], StepStarted)
+
+
+def _big(ctx: StepContext) -> str:
+    proc.record(f"step {ctx.run_id} {ctx.step_path}")
+    return "x" * 70_000  # stored as an artifact, not inline
+
+
+def _lint(ctx: StepContext) -> str:
+    proc.record(f"step {ctx.run_id} {ctx.step_path}")
+    return f"{ctx.branch_value} ok"
+
+
+WIDE = Workflow(
+    "fork-wide",
+    steps=[
+        task("big", _big),
+        parallel("check", branches=lambda ctx: {"a": 1, "b": 2}, step=task("lint", _lint)),
+        task("last", proc._step),
+    ],
+)
+
+
+@pytest.mark.backends("memory", "sqlite")
+def test_a_forks_artifacts_are_its_own_and_a_group_forked_at_runs_its_branches_again(
+    world: World, ledger: Path
+) -> None:
+    asyncio.run(run_workflow(world, WIDE, {}, run_id=ORIGIN))
+    _executed(ledger)
+    fork_run(world, ORIGIN, at="check", new_run_id=FORK)
+    state = replay_run(world, FORK).state
+    ref = state.steps["big"].output_ref
+    assert ref is not None and ref.run_id == FORK
+    _run(world, WIDE)
+    assert sorted(_executed(ledger)) == [
+        f"step {FORK} check[a]/lint",
+        f"step {FORK} check[b]/lint",
+        f"step {FORK} last",
+    ]
+    report = verify_world(world, FORK)
+    assert report.ok and report.artifacts and all(a.run_id == FORK for a in report.artifacts)
+
+
+@pytest.mark.backends("memory", "sqlite")
+def test_a_fork_of_a_fork_and_the_state_of_a_fork_read_back_from_json(
+    world: World, ledger: Path
+) -> None:
+    _origin(world, ledger)
+    fork_run(world, ORIGIN, at="finish", new_run_id=FORK)
+    _run(world, proc.FLOW_V2)
+    _executed(ledger)
+    second = fork_run(world, FORK, at="publish", new_run_id="run_fork_2")
+    assert second.origin.origin_run_id == FORK
+    # The copied WorkflowAdopted pins the second fork to the definition the first adopted.
+    assert replay_run(world, "run_fork_2").state.ir_hash == proc.FLOW_V2.ir_hash
+    _run(world, proc.FLOW_V2, "run_fork_2")
+    assert _executed(ledger) == ["step run_fork_2 publish"]
+    state = replay_run(world, "run_fork_2").state
+    assert type(state).model_validate(state.model_dump(mode="json")) == state
+    assert state.forked_from == second.origin
