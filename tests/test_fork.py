@@ -46,6 +46,8 @@ from little_es.ids import run_stream_id, session_stream_id
 from little_es.orchestrator import list_sub_runs
 from little_es.render import render_report
 from little_es.replay import replay_run
+from little_es.ui.html import run_body
+from little_es.ui.pages import run_page
 from little_es.verify import verify_world
 from little_es.workflow.authoring import Workflow, parallel, task
 from little_es.workflow.context import StepContext
@@ -354,3 +356,12 @@ def test_a_fork_of_a_fork_and_the_state_of_a_fork_read_back_from_json(
     state = replay_run(world, "run_fork_2").state
     assert type(state).model_validate(state.model_dump(mode="json")) == state
     assert state.forked_from == second.origin
+
+
+@pytest.mark.backends("memory")
+def test_the_run_page_of_a_fork_links_its_origin(world: World, ledger: Path) -> None:
+    _origin(world, ledger)
+    fork_run(world, ORIGIN, at="plan#turn=2", new_run_id=FORK)
+    body = run_body(run_page(world, FORK))
+    assert f'<a href="/runs/{ORIGIN}">{ORIGIN}</a> at plan#turn=2' in body
+    assert "forked from" not in run_body(run_page(world, ORIGIN))
