@@ -198,12 +198,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--ledger", required=True)
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--input", default=None)
+    parser.add_argument("--workflow-key", default=None, help="a key of WORKFLOWS to run instead")
     args = parser.parse_args(argv)
     LEDGER.append(Path(args.ledger))
     given = orjson.loads(args.input) if args.input else None
     with open_world(args.world) as world:
         result = asyncio.run(
-            run_workflow(world, WORKFLOWS[args.workflow], given, run_id=args.run_id)
+            run_workflow(
+                world, WORKFLOWS[args.workflow_key or args.workflow], given, run_id=args.run_id
+            )
         )
     print("RESULT " + orjson.dumps({"output": result.output}).decode(), flush=True)
     return 0

@@ -120,3 +120,36 @@ def test_a_forks_resume_killed_and_resumed_again_runs_nothing_before_the_fork_po
     with world_spec.open() as world:
         assert isinstance(world.read_stream(run_stream_id("run_fork"))[0], RunForked)
         assert diff_runs(world, "run_fork", "run_origin").same
+
+
+def test_a_fork_that_adopted_changed_code_is_killed_and_resumed_with_it(
+    world_spec: WorldSpec, tmp_path: Path
+) -> None:
+    origin_ledger = tmp_path / "origin.ledger"
+    done = _child(world_spec, origin_ledger, "run_origin", "--input", '{"topic": "cats"}')
+    assert done.returncode == 0, done.stdout + done.stderr
+    forked = _little(
+        world_spec,
+        *("fork", "run_origin", "--at", "finish", "--new-run-id", "run_fork"),
+        *("--input", '{"topic": "dogs"}'),
+    )
+    assert forked.returncode == 0, forked.stderr
+    assert "with a new input" in forked.stdout
+
+    ledger = tmp_path / "fork.ledger"
+    v2 = ("--workflow-key", "fork-flow-v2")
+    killed = _child(
+        world_spec,
+        ledger,
+        "run_fork",
+        *v2,
+        LITTLE_ES_CRASH_AFTER_EVENT="StepCompleted:step_path=finish",
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+    resumed = _child(world_spec, ledger, "run_fork", *v2)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert '"topic":"dogs"' in resumed.stdout
+    assert proc.ledger_lines(ledger) == ["step run_fork finish", "step run_fork publish"]
+    # Pinned to the definition it adopted: the origin's is refused now.
+    refused = _child(world_spec, ledger, "run_fork")
+    assert refused.returncode == 1 and "WorkflowChangedError" in refused.stderr, refused.stderr
