@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from little_es.cli import app
 from little_es.diff import diff_runs
+from little_es.durability import cancel_run
 from little_es.engine.local import run_workflow
 from little_es.errors import (
     CapabilityDriftError,
@@ -26,6 +27,7 @@ from little_es.errors import (
     ForkPointError,
     ForkRunExistsError,
     InvalidRunIdError,
+    RunCancelledError,
     RunFailedError,
     RunNotFoundError,
     WorkflowChangedError,
@@ -365,3 +367,19 @@ def test_the_run_page_of_a_fork_links_its_origin(world: World, ledger: Path) -> 
     body = run_body(run_page(world, FORK))
     assert f'<a href="/runs/{ORIGIN}">{ORIGIN}</a> at plan#turn=2' in body
     assert "forked from" not in run_body(run_page(world, ORIGIN))
+
+
+@pytest.mark.backends("memory")
+def test_a_fork_cancelled_before_it_ran_still_takes_changed_code_when_resumed(
+    world: World, ledger: Path
+) -> None:
+    _origin(world, ledger)
+    fork_run(world, ORIGIN, at="finish", new_run_id=FORK)
+    cancel_run(world, FORK, reason="not yet")
+    version = len(world.read_stream(run_stream_id(FORK)))
+    with pytest.raises(RunCancelledError):
+        _run(world, proc.FLOW_V2)
+    assert len(world.read_stream(run_stream_id(FORK))) == version  # nothing adopted
+    done = asyncio.run(run_workflow(world, proc.FLOW_V2, run_id=FORK, resume_cancelled=True))
+    assert done.output == {"path": "publish", "topic": "cats"}
+    assert _executed(ledger) == [f"step {FORK} finish", f"step {FORK} publish"]

@@ -27,7 +27,9 @@ from little_es.errors import (
     VisitLimitError,
     WorkflowChangedError,
 )
+from little_es.events import BudgetSet, RunCancelled, RunResumed
 from little_es.harness.manifest import check_manifest, compute_manifest, read_session_started
+from little_es.ids import run_stream_id
 from little_es.materialize import RunFold
 from little_es.values import ArtifactRef
 from little_es.workflow.authoring import AgentStep, Workflow
@@ -185,17 +187,25 @@ def assert_completed_parallel_replay_matches_input(
         )
 
 
-def fork_adopts(world: World, fold: RunFold, version: int, workflow: Workflow) -> bool:
+_NOTHING_RAN = (RunCancelled, RunResumed, BudgetSet)
+"""What may follow a fork's prefix before it adopts another definition: nothing that ran."""
+
+
+def fork_adopts(world: World, run_id: str, fold: RunFold, version: int, workflow: Workflow) -> bool:
     """Whether the fork ``fold`` describes takes ``workflow`` although its origin ran another
     definition: a fork may run changed code after its fork point, once, before it ran
-    anything (its ``Run`` stream at ``version`` and its copied sessions hold the prefix
-    alone). The prefix is then checked against ``workflow``
-    (:func:`assert_fork_prefix_matches`) instead of the IR hash, and the engine records
-    ``WorkflowAdopted``; from there on the fork is pinned to it as any run is."""
+    anything (its ``Run`` stream at ``version`` holds the prefix alone, or with only a
+    cancel, a resume or a budget after it, and its copied sessions the copies alone).
+    The prefix is then checked against ``workflow`` (:func:`assert_fork_prefix_matches`)
+    instead of the IR hash, and the engine records ``WorkflowAdopted``; from there on
+    the fork is pinned to it as any run is."""
     origin = fold.forked_from
     if origin is None or fold.workflow_id != workflow.id or fold.ir_hash == workflow.ir_hash:
         return False
-    if version != origin.copied_events + 1:
+    prefix = origin.copied_events + 1
+    if version != prefix and not all(
+        isinstance(e, _NOTHING_RAN) for e in world.read_stream(run_stream_id(run_id), after=prefix)
+    ):
         return False
     for copied in origin.sessions:
         session = world.load_session(copied.session_id)
