@@ -348,7 +348,11 @@ def fork_run(
                 f" {path!r}"
             )
         started = _session_of(origin, path)
-        assert started is not None and started.session_id is not None
+        if started is None or started.session_id is None:
+            raise ForkPointError(
+                f"run {run_id!r} cannot be forked at {at!r}: step {path!r} recorded no harness"
+                f" session to keep turns of; fork at {path!r}"
+            )
         turns = _turns(world.read_stream(started.session_id))
         if turn > turns:
             raise ForkPointError(
