@@ -10,6 +10,7 @@ The kill test (a fork's first resume SIGKILLed) is ``test_fork_kill.py``.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -383,3 +384,34 @@ def test_a_fork_cancelled_before_it_ran_still_takes_changed_code_when_resumed(
     done = asyncio.run(run_workflow(world, proc.FLOW_V2, run_id=FORK, resume_cancelled=True))
     assert done.output == {"path": "publish", "topic": "cats"}
     assert _executed(ledger) == [f"step {FORK} finish", f"step {FORK} publish"]
+
+
+@pytest.mark.backends("sqlite")
+def test_little_verify_of_a_fork_finds_an_origin_that_no_longer_holds_what_was_copied(
+    world_spec: WorldSpec, world: World, ledger: Path
+) -> None:
+    _origin(world, ledger)
+    forked = fork_run(world, ORIGIN, at="finish", new_run_id=FORK)
+    assert verify_world(world, FORK).ok
+    assert world_spec.data_dir is not None
+    conn = sqlite3.connect(world_spec.data_dir / "events.sqlite3", isolation_level=None)
+    try:
+        stream = run_stream_id(ORIGIN).hex
+        version = forked.origin.origin_version
+        (state,) = conn.execute(
+            "SELECT state FROM stored_events WHERE originator_id = ? AND originator_version = ?",
+            (stream, version),
+        ).fetchone()
+        # Another row in its place, as a rewrite of the origin's history would leave it.
+        changed = bytes(state[:33]) + bytes(32) + bytes(state[65:])
+        conn.execute(
+            "UPDATE stored_events SET state = ? WHERE originator_id = ? AND originator_version = ?",
+            (changed, stream, version),
+        )
+    finally:
+        conn.close()
+    with world_spec.open() as again:
+        report = verify_world(again, FORK)
+    (own,) = [s for s in report.streams if s.name == FORK]
+    assert own.problem is not None and "no longer holds the history it copied" in own.problem
+    assert f"version {version} is not the row the fork copied" in own.problem
