@@ -67,6 +67,7 @@ __all__ = [
     "budget_text",
     "cost_text",
     "decision_text",
+    "fork_text",
     "render_diff",
     "render_events",
     "render_loop_report",
@@ -140,6 +141,35 @@ def _run_title(run_id: str, state: MaterializedRunState) -> str:
     )
 
 
+def fork_text(state: MaterializedRunState) -> str:
+    """Where a fork comes from, in one line (plain text): its origin, fork point, what it
+    re-uses and the pinned position of the copied prefix; ``""`` for a run that is no fork."""
+    origin = state.forked_from
+    if origin is None:
+        return ""
+    # The steps are in the order the log first names them: the prefix's come before the
+    # fork point's.
+    kept: list[str] = []
+    for path, step in state.steps.items():
+        if path == origin.step_path:
+            break
+        if step.status == "completed" and "/" not in path:
+            kept.append(path)
+    parts = [", ".join(kept)] if kept else []
+    if origin.turn is not None and origin.turn > 1:
+        turns = "turn 1" if origin.turn == 2 else f"turns 1-{origin.turn - 1}"
+        parts.append(f"{origin.step_path} {turns}")
+    kept_text = "; ".join(parts) or "nothing"
+    session_events = sum(s.copied_events for s in origin.sessions)
+    digest = f", digest {origin.origin_digest[:12]}" if origin.origin_digest else ""
+    changed = " · with a new input" if origin.input_changed else ""
+    return (
+        f"forked from {origin.origin_run_id} at {origin.at}{changed} · re-uses {kept_text}"
+        f" · copied {origin.copied_events} run events (origin version"
+        f" {origin.origin_version}{digest}) and {session_events} session events"
+    )
+
+
 def render_report(world: World, run_id: str, console: Console) -> MaterializedRunState:
     """Print the per-step token and cost table of ``run_id`` to ``console``; return the state.
 
@@ -181,6 +211,8 @@ def render_report(world: World, run_id: str, console: Console) -> MaterializedRu
         style="bold",
     )
     console.print(table)
+    if state.forked_from is not None:
+        console.print(escape(fork_text(state)))
     if state.budget is not None:
         console.print(f"budget (with sub-runs): {escape(budget_text(state.budget))}")
     if state.status == "cancelled":
