@@ -55,7 +55,7 @@ from little_es.ids import session_stream_id, step_lease_id
 from little_es.orchestrator import sub_run_id_for_call
 from little_es.replay import replay_run
 from little_es.values import ToolCall, Usage
-from little_es.workflow.authoring import Workflow, agent, task
+from little_es.workflow.authoring import Workflow, agent, parallel, subworkflow, task
 from little_es.workflow.context import StepContext
 from little_es.workflow.ir import RetryPolicy
 from little_es.world import World, local_world
@@ -1137,3 +1137,63 @@ async def test_a_step_changes_aggregates_exactly_once_on_temporal(
     state = replay_run(world, "run_t_aggregates").state
     assert state.status == "completed" and state.steps["comment"].attempts == 2
     assert state.steps["comment"].output == 3
+
+
+# ------------------------------------------------------------ max_concurrency on Temporal
+
+_RUNNING: dict[str, int] = {"now": 0, "most": 0}
+
+
+async def _slow_child(ctx: StepContext) -> int:
+    _RUNNING["now"] += 1
+    _RUNNING["most"] = max(_RUNNING["most"], _RUNNING["now"])
+    try:
+        await asyncio.sleep(0.4)
+    finally:
+        _RUNNING["now"] -= 1
+    return int(ctx.input["n"]) * 10
+
+
+_SLOW_CHILD = Workflow("t_slow_child", version="1", steps=[task("work", _slow_child)])
+_FAN_WORKFLOW = Workflow(
+    "t_fan",
+    version="1",
+    steps=[
+        parallel(
+            "fan",
+            branches=lambda ctx: {str(n): n for n in range(4)},
+            step=subworkflow("one", _SLOW_CHILD, input=lambda ctx: {"n": ctx.branch_value}),
+            max_concurrency=2,
+        )
+    ],
+)
+"""Four sub-runs, as branches of a parallel group that runs at most two at once."""
+
+
+@pytest.mark.backends("memory")
+async def test_max_concurrency_bounds_a_groups_branches_on_temporal_as_locally(
+    client: Client, world: World, tmp_path: Path
+) -> None:
+    outputs = []
+    with local_world(tmp_path / "local") as local:
+        _RUNNING["most"] = 0
+        outputs.append((await run_workflow(local, _FAN_WORKFLOW, {}, run_id="run_fan")).output)
+        assert _RUNNING["most"] == 2
+    _RUNNING["most"] = 0
+    queue = _queue()
+    worker = create_worker(client, world, workflows=[_FAN_WORKFLOW], task_queue=queue)
+    async with worker:
+        handle = await start_run(client, _FAN_WORKFLOW, run_id="run_fan", task_queue=queue)
+        outputs.append((await handle.result()).output)
+        history = await handle.fetch_history()
+    # Each branch's sub-run is a child workflow, at most two of them running at once.
+    assert _RUNNING["most"] == 2
+    assert outputs[0] == outputs[1] == {"0": 0, "1": 10, "2": 20, "3": 30}
+    reserved = [
+        e.sub_run_id for e in world.read_run_log("run_fan") if e.wire_name == "SubRunReserved"
+    ]
+    assert sorted(reserved) == sorted(sub_run_id_for("run_fan", f"fan[{n}]/one") for n in range(4))
+    for sub_run_id in reserved:
+        child = await client.get_workflow_handle(sub_run_id).describe()
+        assert child.status is not None and child.status.name == "COMPLETED"
+    await _replay_history(history)
