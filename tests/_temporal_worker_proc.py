@@ -45,6 +45,7 @@ from little_es.values import ModelRequest, ToolCall, Usage
 from little_es.workflow.authoring import Workflow, agent, decision, parallel, subworkflow, task
 from little_es.workflow.context import StepContext
 from little_es.workflow.ir import END, RetryPolicy
+from tests._outer_loop_proc import improve, make_planner
 
 LEDGER_ENV = "LITTLE_ES_TEST_LEDGER"
 CRASH_IN_TURN_ENV = "LITTLE_ES_TEST_CRASH_IN_TURN"
@@ -383,9 +384,16 @@ ORCHESTRATOR_WORKFLOW = Workflow(
 (one at a time on the local engine, as child workflows on Temporal), then sums them up."""
 
 
+LOOP_WORKFLOW = improve
+"""The cycles' workflow of the outer-loop tests' loop (``tests/_outer_loop_proc.py``)."""
+LOOP_PLANNER_WORKFLOW = make_planner("v1").workflow
+"""That loop's planner's workflow: the workers run each cycle's two runs."""
+
 WORKFLOWS: dict[str, Workflow] = {
     w.id: w
     for w in (
+        LOOP_WORKFLOW,
+        LOOP_PLANNER_WORKFLOW,
         AGENT_WORKFLOW,
         GATED_WORKFLOW,
         MIXED_WORKFLOW,

@@ -34,6 +34,7 @@ from little_es_temporal import (
     RunDone,
     StepTimeouts,
     TemporalAdapterError,
+    TemporalEngine,
     create_replayer,
     create_worker,
     start_run,
@@ -43,6 +44,7 @@ from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, Work
 from temporalio.exceptions import ActivityError
 from temporalio.service import RPCError
 
+import tests._outer_loop_proc as loops
 import tests._temporal_support as _support
 from little_es.engine.executor import sub_run_id_for
 from little_es.engine.local import run_workflow
@@ -53,6 +55,7 @@ from little_es.harness.model import ScriptedModel, ScriptedReply
 from little_es.harness.tools import ToolContext, tool
 from little_es.ids import session_stream_id, step_lease_id
 from little_es.orchestrator import sub_run_id_for_call
+from little_es.outer_loop import encode_view, load_outer_loop, loop_view, run_outer_loop
 from little_es.replay import replay_run
 from little_es.values import ToolCall, Usage
 from little_es.workflow.authoring import Workflow, agent, parallel, subworkflow, task
@@ -1197,3 +1200,149 @@ async def test_max_concurrency_bounds_a_groups_branches_on_temporal_as_locally(
         child = await client.get_workflow_handle(sub_run_id).describe()
         assert child.status is not None and child.status.name == "COMPLETED"
     await _replay_history(history)
+
+
+# ------------------------------------------------------------ outer loops on Temporal
+
+_LOOP_ID = "loop_t"
+
+
+def _loop_lines(path: Path) -> Counter[str]:
+    return Counter(path.read_text().splitlines()) if path.exists() else Counter()
+
+
+def _loop_run(cycle: int, planner: bool = False) -> str:
+    return f"{_LOOP_ID}.cycle-{cycle}" + (".plan" if planner else "")
+
+
+def _expected_loop_lines(*, twice: tuple[int, ...]) -> Counter[str]:
+    """Every call and step of the loop once, the ``work`` step of the cycles ``twice`` twice."""
+    lines: Counter[str] = Counter()
+    for cycle in (1, 2, 3):
+        lines.update([f"model {_LOOP_ID} {cycle} 1", f"tool look {cycle}"])
+        lines.update([f"model {_LOOP_ID} {cycle} 2"])
+    for cycle in (1, 2):
+        run_id = _loop_run(cycle)
+        lines.update([f"step {run_id} work", f"step {run_id} score"])
+        if cycle in twice:
+            lines.update([f"step {run_id} work"])
+    return lines
+
+
+def _loop_view_is_the_aggregates(world: World) -> bool:
+    loop = load_outer_loop(world, _LOOP_ID)
+    return world.backend.read_outer_loop_view(_LOOP_ID) == encode_view(loop_view(world, loop))
+
+
+async def test_an_outer_loop_on_temporal_survives_worker_kills_and_finishes_locally(
+    dev_server: DevServer,
+    client: Client,
+    tmp_path: Path,
+    ledger: Path,
+    worker_processes: list[_WorkerProcess],
+) -> None:
+    loop_ledger = tmp_path / "loop.ledger"
+    world_dir = tmp_path / "world"
+    world_url = f"sqlite:///{world_dir}"
+    queue = _queue()
+
+    def worker(kill_in_cycle: int) -> _WorkerProcess:
+        env = {
+            "OUTER_LOOP_LEDGER": str(loop_ledger),
+            "OUTER_LOOP_KILL_IN_CYCLE": str(kill_in_cycle),
+        }
+        started = _WorkerProcess(dev_server, queue, world_url, ledger, tmp_path, env=env)
+        worker_processes.append(started)
+        started.wait_ready()
+        return started
+
+    engine = TemporalEngine(client, task_queue=queue, timeouts=_FAST)
+    with local_world(world_dir) as world:
+        driving = asyncio.create_task(
+            run_outer_loop(
+                world,
+                planner=loops.make_planner(),
+                workflow=loops.improve,
+                outer_loop_id=_LOOP_ID,
+                max_cycles=5,
+                input={"goal": "score"},
+                engine=engine,
+            )
+        )
+        # Cycle 1's run kills the worker mid-step; a new worker continues that attempt.
+        first = worker(kill_in_cycle=1)
+        assert await first.wait_exit() == -signal.SIGKILL
+        second = worker(kill_in_cycle=2)
+        # Cycle 2's run kills that one too; then the loop's driver dies with it, and the
+        # cycle's workflow is terminated: nothing drives the loop on Temporal any more.
+        assert await second.wait_exit() == -signal.SIGKILL
+        driving.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await driving
+        first_cycle = client.get_workflow_handle(_loop_run(1))
+        assert (await first_cycle.describe()).status.name == "COMPLETED"  # type: ignore[union-attr]
+        assert _log_has(world, _loop_run(1), "RunCompleted")
+        await client.get_workflow_handle(_loop_run(2)).terminate("the loop moves to local")
+        history = await first_cycle.fetch_history()
+        # The loop resumes locally: cycle 2's run continues the attempt in flight.
+        os.environ["OUTER_LOOP_LEDGER"] = str(loop_ledger)
+        try:
+            result = await run_outer_loop(
+                world, planner=loops.make_planner(), workflow=loops.improve, outer_loop_id=_LOOP_ID
+            )
+        finally:
+            del os.environ["OUTER_LOOP_LEDGER"]
+        assert result.resumed and result.reason == "planner_done"
+        assert [c.completed.status for c in result.cycles if c.completed] == ["completed"] * 2
+        assert result.last_output == {"score": 20}
+        assert _loop_view_is_the_aggregates(world)
+    # Nothing committed ran again: only the two steps in flight at the kills.
+    assert _loop_lines(loop_ledger) == _expected_loop_lines(twice=(1, 2))
+    await _replay_history(history)
+    if os.environ.get(_WRITE_HISTORIES):
+        (_HISTORIES / "outer_loop_cycle_killed.json").write_text(history.to_json())
+
+
+async def test_an_outer_loop_started_locally_and_killed_resumes_on_temporal(
+    client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loop_ledger = tmp_path / "loop.ledger"
+    world_dir = tmp_path / "world"
+    killed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from tests._outer_loop_proc import main; main(sys.argv[1:])",
+            f"sqlite:///{world_dir}",
+            _LOOP_ID,
+        ],
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(_REPO), str(_REPO / "adapters")]),
+            "OUTER_LOOP_LEDGER": str(loop_ledger),
+            "OUTER_LOOP_KILL_IN_CYCLE": "2",
+        },
+        capture_output=True,
+        timeout=60,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()
+    monkeypatch.setenv("OUTER_LOOP_LEDGER", str(loop_ledger))
+    queue = _queue()
+    with local_world(world_dir) as world:
+        assert load_outer_loop(world, _LOOP_ID).pending_cycle is not None
+        async with _worker(client, world, queue):
+            result = await run_outer_loop(
+                world,
+                planner=loops.make_planner(),
+                workflow=loops.improve,
+                outer_loop_id=_LOOP_ID,
+                engine=TemporalEngine(client, task_queue=queue),
+            )
+            # Cycle 2's run went on as a Temporal workflow; cycle 3's planner ran there too.
+            for run_id in (_loop_run(2), _loop_run(3, planner=True)):
+                found = await client.get_workflow_handle(run_id).describe()
+                assert found.status is not None and found.status.name == "COMPLETED"
+        assert result.resumed and result.reason == "planner_done"
+        assert result.last_output == {"score": 20}
+        assert _loop_view_is_the_aggregates(world)
+    assert _loop_lines(loop_ledger) == _expected_loop_lines(twice=(2,))
