@@ -972,6 +972,57 @@ async def test_sigkill_among_child_workflows_reruns_only_the_one_in_flight(
     await _replay_history(await handle.fetch_history())
 
 
+async def test_an_orchestrator_killed_on_temporal_among_its_sub_runs_finishes_locally(
+    dev_server: DevServer,
+    client: Client,
+    tmp_path: Path,
+    ledger: Path,
+    worker_processes: list[_WorkerProcess],
+) -> None:
+    world_dir = tmp_path / "world"
+    queue = _queue()
+    worker = _WorkerProcess(
+        dev_server,
+        queue,
+        f"sqlite:///{world_dir}",
+        ledger,
+        tmp_path,
+        env={proc.CRASH_IN_ITEM_ENV: "2"},
+    )
+    worker_processes.append(worker)
+    worker.wait_ready()
+    handle = await start_run(
+        client,
+        proc.ORCHESTRATOR_WORKFLOW,
+        {"count": 3},
+        run_id="run_orch_back",
+        task_queue=queue,
+        timeouts=_FAST,
+    )
+    # Sub-runs 0 and 1 complete as child workflows; sub-run 2 kills the worker mid-step.
+    assert await worker.wait_exit() == -signal.SIGKILL
+    await handle.terminate("finishing it with the local scheduler")  # its children with it
+    ids = _item_ids("run_orch_back", 3)
+    with local_world(world_dir) as world:
+        result = await run_workflow(world, proc.ORCHESTRATOR_WORKFLOW, run_id="run_orch_back")
+        assert result.resumed and isinstance(result.output, str)
+        assert result.output.startswith("3 sub-runs: ")
+        reserved = [
+            e.sub_run_id
+            for e in world.read_run_log("run_orch_back")
+            if e.wire_name == "SubRunReserved"
+        ]
+        assert reserved == ids  # the same ids, reserved once
+        assert all(replay_run(world, i).state.status == "completed" for i in ids)
+    me = os.getpid()
+    items = [(e["run_id"], e["pid"]) for e in proc.read_ledger(ledger) if e["kind"] == "item"]
+    # The completed sub-runs are read, not run again; the one in flight continues here.
+    assert sorted(items) == sorted(
+        [(ids[0], worker.pid), (ids[1], worker.pid), (ids[2], worker.pid), (ids[2], me)]
+    )
+    assert _calls(ledger, "model") == [(1, worker.pid), (2, me)]
+
+
 async def test_a_sub_run_completed_but_unrecorded_locally_is_recorded_on_temporal_without_rerunning(
     client: Client, tmp_path: Path, ledger: Path
 ) -> None:
