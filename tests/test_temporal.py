@@ -1397,3 +1397,14 @@ async def test_an_outer_loop_started_locally_and_killed_resumes_on_temporal(
         assert result.last_output == {"score": 20}
         assert _loop_view_is_the_aggregates(world)
     assert _loop_lines(loop_ledger) == _expected_loop_lines(twice=(2,))
+
+
+async def test_a_temporal_engine_refuses_what_is_not_a_client_queue_or_timeouts(
+    client: Client,
+) -> None:
+    with pytest.raises(TemporalAdapterError, match="client must be a temporalio Client"):
+        TemporalEngine("localhost:7233")  # type: ignore[arg-type]
+    with pytest.raises(TemporalAdapterError, match="task_queue must be a non-empty string"):
+        TemporalEngine(client, task_queue="")
+    with pytest.raises(TemporalAdapterError, match="timeouts must be a StepTimeouts"):
+        TemporalEngine(client, timeouts=30)  # type: ignore[arg-type]
