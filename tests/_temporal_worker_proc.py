@@ -384,6 +384,31 @@ ORCHESTRATOR_WORKFLOW = Workflow(
 (one at a time on the local engine, as child workflows on Temporal), then sums them up."""
 
 
+def fan_items(ctx: StepContext) -> dict[str, int]:
+    """One branch per item: ``input["count"]`` of them."""
+    return {str(n): n for n in range(int(ctx.input["count"]))}
+
+
+def fan_item_input(ctx: StepContext) -> dict[str, Any]:
+    """A branch's sub-run input: its item number."""
+    return {"n": ctx.branch_value}
+
+
+FAN_WORKFLOW = Workflow(
+    "t_fan",
+    version="1",
+    steps=[
+        parallel(
+            "fan",
+            branches=fan_items,
+            step=subworkflow("one", ITEM_WORKFLOW, input=fan_item_input),
+        )
+    ],
+)
+"""A parallel group of ``input["count"]`` subworkflow steps, each a sub-run of
+:data:`ITEM_WORKFLOW` (a child workflow on Temporal)."""
+
+
 LOOP_WORKFLOW = improve
 """The cycles' workflow of the outer-loop tests' loop (``tests/_outer_loop_proc.py``)."""
 LOOP_PLANNER_WORKFLOW = make_planner("v1").workflow
@@ -402,6 +427,7 @@ WORKFLOWS: dict[str, Workflow] = {
         LOOPING_WORKFLOW,
         *BAD_WORKFLOWS,
         ORCHESTRATOR_WORKFLOW,
+        FAN_WORKFLOW,
     )
 }
 

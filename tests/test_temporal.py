@@ -972,6 +972,114 @@ async def test_sigkill_among_child_workflows_reruns_only_the_one_in_flight(
     await _replay_history(await handle.fetch_history())
 
 
+def _fan_ids(run_id: str, count: int) -> list[str]:
+    return [sub_run_id_for(run_id, f"fan[{n}]/one") for n in range(count)]
+
+
+async def test_sigkill_among_subworkflow_steps_reruns_only_the_sub_run_in_flight(
+    dev_server: DevServer,
+    client: Client,
+    tmp_path: Path,
+    ledger: Path,
+    worker_processes: list[_WorkerProcess],
+) -> None:
+    world_url = f"sqlite:///{tmp_path / 'world'}"
+    queue = _queue()
+    first = _WorkerProcess(
+        dev_server, queue, world_url, ledger, tmp_path, env={proc.CRASH_IN_ITEM_ENV: "3"}
+    )
+    worker_processes.append(first)
+    first.wait_ready()
+    handle = await start_run(
+        client,
+        proc.FAN_WORKFLOW,
+        {"count": 5},
+        run_id="run_fan_kill",
+        task_queue=queue,
+        timeouts=_FAST,
+    )
+    # Four sub-runs finish; the fourth item kills the worker a second after it started.
+    assert await first.wait_exit() == -signal.SIGKILL
+    ids = _fan_ids("run_fan_kill", 5)
+    with local_world(tmp_path / "world") as world:
+        done_before = [i for i in ids if replay_run(world, i).state.status == "completed"]
+        assert ids[3] not in done_before and len(done_before) == 4
+    second = _WorkerProcess(dev_server, queue, world_url, ledger, tmp_path)
+    worker_processes.append(second)
+    second.wait_ready()
+    done = await asyncio.wait_for(handle.result(), 120)
+    assert done.output == {str(n): {"n": n, "squared": n * n} for n in range(5)}
+    items = [(e["run_id"], e["pid"]) for e in proc.read_ledger(ledger) if e["kind"] == "item"]
+    # The completed sub-runs never ran again; the one in flight ran again, with its id.
+    assert sorted(items) == sorted([(i, first.pid) for i in ids] + [(ids[3], second.pid)])
+    with local_world(tmp_path / "world") as world:
+        state = replay_run(world, "run_fan_kill").state
+        assert state.status == "completed"
+        assert all(state.steps[f"fan[{n}]/one"].attempts == 1 for n in range(5))
+        reserved = [
+            e.sub_run_id
+            for e in world.read_run_log("run_fan_kill")
+            if e.wire_name == "SubRunReserved"
+        ]
+        assert sorted(reserved) == sorted(ids)  # each reserved once
+    for sub_run_id in ids:
+        child = await client.get_workflow_handle(sub_run_id).describe()
+        assert child.status is not None and child.status.name == "COMPLETED"
+    await _replay_history(await handle.fetch_history())
+
+
+async def test_a_subworkflow_sub_run_completed_but_unrecorded_locally_is_recorded_on_temporal(
+    client: Client, tmp_path: Path, ledger: Path
+) -> None:
+    world_dir = tmp_path / "world"
+    # The local process dies right after the first sub-run's RunCompleted, before the
+    # parent's log records its step's StepCompleted.
+    local = subprocess.run(
+        [
+            sys.executable,
+            str(_PROC),
+            "local",
+            "--world",
+            f"sqlite:///{world_dir}",
+            "--ledger",
+            str(ledger),
+            "--workflow",
+            "t_fan",
+            "--run-id",
+            "run_fan_x",
+            "--input",
+            '{"count": 3}',
+        ],
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(_REPO), str(_REPO / "adapters")]),
+            CRASH_AFTER_EVENT: "RunCompleted",
+        },
+        capture_output=True,
+        timeout=60,
+    )
+    assert local.returncode == -signal.SIGKILL, local.stderr.decode()
+    ids = _fan_ids("run_fan_x", 3)
+    with local_world(world_dir) as world:
+        finished = [
+            i
+            for i in ids
+            if world.run_exists(i) and replay_run(world, i).state.status == "completed"
+        ]
+        assert len(finished) == 1
+        assert not _log_has(world, "run_fan_x", "StepCompleted")
+        queue = _queue()
+        async with _worker(client, world, queue):
+            handle = await start_run(
+                client, proc.FAN_WORKFLOW, run_id="run_fan_x", task_queue=queue
+            )
+            done = await handle.result()
+        assert done.output == {str(n): {"n": n, "squared": n * n} for n in range(3)}
+    items = Counter(e["run_id"] for e in proc.read_ledger(ledger) if e["kind"] == "item")
+    assert items[finished[0]] == 1  # recorded from its log, not run again
+    assert all(items[i] == 1 for i in ids if i not in finished)  # started, so at most once
+
+
 async def test_an_orchestrator_killed_on_temporal_among_its_sub_runs_finishes_locally(
     dev_server: DevServer,
     client: Client,
