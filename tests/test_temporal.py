@@ -1462,8 +1462,9 @@ async def test_an_outer_loop_on_temporal_survives_worker_kills_and_finishes_loca
         (_HISTORIES / "outer_loop_cycle_killed.json").write_text(history.to_json())
 
 
+@pytest.mark.parametrize("variant", ["v1", "v2"])
 async def test_an_outer_loop_started_locally_and_killed_resumes_on_temporal(
-    client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variant: str
 ) -> None:
     loop_ledger = tmp_path / "loop.ledger"
     world_dir = tmp_path / "world"
@@ -1487,24 +1488,38 @@ async def test_an_outer_loop_started_locally_and_killed_resumes_on_temporal(
     assert killed.returncode == -signal.SIGKILL, killed.stderr.decode()
     monkeypatch.setenv("OUTER_LOOP_LEDGER", str(loop_ledger))
     queue = _queue()
+    # v2: the planner's prompt changed between the kill and the resume (drift).
+    last = 3 if variant == "v1" else 4
     with local_world(world_dir) as world:
         assert load_outer_loop(world, _LOOP_ID).pending_cycle is not None
         async with _worker(client, world, queue):
             result = await run_outer_loop(
                 world,
-                planner=loops.make_planner(),
+                planner=loops.make_planner(variant),
                 workflow=loops.improve,
                 outer_loop_id=_LOOP_ID,
                 engine=TemporalEngine(client, task_queue=queue),
             )
-            # Cycle 2's run went on as a Temporal workflow; cycle 3's planner ran there too.
-            for run_id in (_loop_run(2), _loop_run(3, planner=True)):
+            # What ran after the resume ran as Temporal workflows.
+            for run_id in (_loop_run(last - 1), _loop_run(last, planner=True)):
                 found = await client.get_workflow_handle(run_id).describe()
                 assert found.status is not None and found.status.name == "COMPLETED"
         assert result.resumed and result.reason == "planner_done"
         assert result.last_output == {"score": 20}
+        statuses = [c.status for c in result.cycles]
         assert _loop_view_is_the_aggregates(world)
-    assert _loop_lines(loop_ledger) == _expected_loop_lines(twice=(2,))
+        if variant == "v1":
+            assert statuses == ["completed", "completed", "done"]
+            assert _loop_lines(loop_ledger) == _expected_loop_lines(twice=(2,))
+        else:
+            # The pending cycle is abandoned, its run cancelled; a fresh one runs.
+            assert statuses == ["completed", "abandoned", "completed", "done"]
+            assert replay_run(world, _loop_run(2)).state.status == "cancelled"
+            lines = _loop_lines(loop_ledger)
+            assert lines[f"step {_loop_run(2)} work"] == 1
+            assert lines[f"step {_loop_run(3)} score"] == 1
+            assert lines[f"model {_LOOP_ID} 4 2"] == 1
+            assert max(lines.values()) == 1  # nothing ran twice
 
 
 async def test_a_temporal_engine_refuses_what_is_not_a_client_queue_or_timeouts(
