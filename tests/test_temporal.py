@@ -1417,20 +1417,32 @@ async def test_an_outer_loop_on_temporal_survives_worker_kills_and_finishes_loca
 
     engine = TemporalEngine(client, task_queue=queue, timeouts=_FAST)
     with local_world(world_dir) as world:
-        driving = asyncio.create_task(
-            run_outer_loop(
-                world,
-                planner=loops.make_planner(),
-                workflow=loops.improve,
-                outer_loop_id=_LOOP_ID,
-                max_cycles=5,
-                input={"goal": "score"},
-                engine=engine,
+
+        def drive() -> asyncio.Task[Any]:
+            return asyncio.create_task(
+                run_outer_loop(
+                    world,
+                    planner=loops.make_planner(),
+                    workflow=loops.improve,
+                    outer_loop_id=_LOOP_ID,
+                    max_cycles=5,
+                    input={"goal": "score"},
+                    engine=engine,
+                )
             )
-        )
-        # Cycle 1's run kills the worker mid-step; a new worker continues that attempt.
+
+        driving = drive()
+        # Cycle 1's run kills the worker mid-step. The loop's driver stops too, and a new
+        # one joins the cycle's workflow, still running on Temporal, instead of starting
+        # another; a new worker continues the attempt in flight.
         first = worker(kill_in_cycle=1)
         assert await first.wait_exit() == -signal.SIGKILL
+        driving.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await driving
+        running = await client.get_workflow_handle(_loop_run(1)).describe()
+        assert running.status is not None and running.status.name == "RUNNING"
+        driving = drive()
         second = worker(kill_in_cycle=2)
         # Cycle 2's run kills that one too; then the loop's driver dies with it, and the
         # cycle's workflow is terminated: nothing drives the loop on Temporal any more.
