@@ -8,6 +8,7 @@ from little_es.aggregates import StepAggregates
 from little_es.backends.base import Lease, RunSummary, check_leases
 from little_es.domain import HarnessSession, LoopCycle, OuterLoop, PriceBook, Run
 from little_es.durability import cancel_run
+from little_es.engine.engines import LocalEngine, RunEngine
 from little_es.engine.local import RunResult, run_workflow
 from little_es.errors import (
     AggregateArgumentError,
@@ -218,6 +219,7 @@ __all__ = [
     "Lease",
     "LeaseLostError",
     "LittleEsError",
+    "LocalEngine",
     "LogTamperedError",
     "LoggingConfigError",
     "LoopContext",
@@ -265,6 +267,7 @@ __all__ = [
     "RunCancelled",
     "RunCancelledError",
     "RunCompleted",
+    "RunEngine",
     "RunEvent",
     "RunFailed",
     "RunFailedError",
