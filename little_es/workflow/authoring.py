@@ -121,7 +121,8 @@ class TaskStep:
 
 class AgentRunner(Protocol):
     """Runs (or resumes) the harness session of one attempt of an agent step in place of the
-    built-in model/tool loop (an integration's own agent, e.g. :mod:`little_es.contrib.pydantic_ai`).
+    built-in model/tool loop (an integration's own agent, e.g.
+    :mod:`little_es.contrib.pydantic_ai`).
 
     It records every model call and tool call on the session of ``(ctx.run_id, ctx.step_path,
     ctx.attempt)`` write-ahead, answers recorded calls from the log, and pins the same manifest
