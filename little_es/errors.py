@@ -63,6 +63,7 @@ handle a family::
     │   └── LeaseLostError                   this process no longer holds the run's lease
     ├── StepSuspendedError                   not a failure: the attempt waits for sub-runs
     ├── ModelError                           a model provider call failed
+    ├── MissingExtraError (ImportError)      an integration's optional extra is not installed
     └── ToolError
         └── ToolArgumentsError (ValueError)
 
@@ -156,6 +157,11 @@ class RunRequestError(LittleEsError, TypeError):
 
 class ModelConfigError(LittleEsError, ValueError):
     """A model was constructed with invalid arguments (empty id, conflicting options, ...)."""
+
+
+class MissingExtraError(LittleEsError, ImportError):
+    """An integration (``little_es.contrib.*``) was imported without its optional extra; the
+    message names the extra to install."""
 
 
 class OutputNotSerializableError(LittleEsError, TypeError):

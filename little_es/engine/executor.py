@@ -254,6 +254,10 @@ async def execute_step(world: World, step: CodeStep, ctx: StepContext) -> Any:
             if isinstance(step.prompt, str)
             else await call_maybe_async(step.prompt, ctx)
         )
+        if step.runner is not None:
+            # An integration's agent (e.g. Pydantic AI's) drives the session itself; it
+            # records on the same HarnessSession stream, so resume and replay are the same.
+            return await step.runner(world, ctx, prompt)
         outcome = await run_agent_session(
             world,
             run_id=ctx.run_id,
