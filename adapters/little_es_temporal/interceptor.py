@@ -51,7 +51,7 @@ from little_es.engine.executor import Committed, HostedRun
 from little_es.errors import ConcurrentRunError, StepSuspendedError
 from little_es.ids import step_lease_id
 from little_es.logging import get_logger
-from little_es.workflow.authoring import SubworkflowStep
+from little_es.workflow.authoring import SubworkflowStep, WaitStep
 from little_es.world import World
 from little_es_temporal.activities import (
     CURRENT_STEP,
@@ -198,6 +198,11 @@ async def _run_step(
             if isinstance(step, SubworkflowStep) or begun.ctx is None:
                 raise TemporalAdapterError(
                     f"step {begun.step_path!r} is a subworkflow step; it runs as a child workflow"
+                )
+            if isinstance(step, WaitStep):
+                # check_engine refuses wait steps on Temporal at the run's start.
+                raise TemporalAdapterError(
+                    f"step {begun.step_path!r} is a wait step, which runs on the local engine"
                 )
             if begun.in_flight:
                 _log.info(
