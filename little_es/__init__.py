@@ -13,6 +13,7 @@ from little_es.errors import (
     AggregateArgumentError,
     AggregateConflictError,
     AggregateNotFoundError,
+    ApprovalDeniedError,
     ArtifactError,
     ArtifactIntegrityError,
     ArtifactMismatchError,
@@ -34,6 +35,7 @@ from little_es.errors import (
     LogTamperedError,
     ModelConfigError,
     ModelError,
+    NoSuchWaitError,
     OrchestratorContextError,
     OuterLoopMismatchError,
     OuterLoopNotFoundError,
@@ -51,7 +53,12 @@ from little_es.errors import (
     RunStateError,
     RunStoppedError,
     RuntimeIntegrityError,
+    RunWaitingError,
     SessionInputError,
+    SignalConsumedError,
+    SignalDataError,
+    SignalError,
+    StaleApprovalError,
     StepExecutionError,
     SubRunFailedError,
     ToolArgumentsError,
@@ -61,6 +68,7 @@ from little_es.errors import (
     UnknownStepError,
     UnstorableEventError,
     VisitLimitError,
+    WaitTimedOutError,
     WorkflowChangedError,
     WorkflowDefinitionError,
     WorkflowRefError,
@@ -90,8 +98,10 @@ from little_es.events import (
     RunFailed,
     RunResumed,
     RunStarted,
+    RunWaiting,
     SessionCompleted,
     SessionStarted,
+    SignalReceived,
     StepCompleted,
     StepFailed,
     StepStarted,
@@ -99,15 +109,17 @@ from little_es.events import (
     ToolCallFailed,
     ToolCallStarted,
     ToolCallSucceeded,
+    WaitTimedOut,
 )
 from little_es.harness.model import Model, ScriptedModel, ScriptedReply
 from little_es.harness.session import SessionOutcome, run_agent_session
-from little_es.harness.tools import Tool, ToolContext, resolve_tools, tool
+from little_es.harness.tools import Tool, ToolContext, ask_human, resolve_tools, tool
 from little_es.ids import new_run_id, validate_run_id
 from little_es.logging import configure_logging, get_logger
 from little_es.materialize import (
     MaterializedRunState,
     StepState,
+    WaitState,
     apply,
     materialize_run_state,
 )
@@ -140,7 +152,7 @@ from little_es.pricing import (
     register_model_price,
     unregister_model_price,
 )
-from little_es.projections import list_runs
+from little_es.projections import list_runs, list_waits
 from little_es.replay import ReplayPlanStep, ReplayResult, replay_run
 from little_es.totals import run_tree_totals
 from little_es.values import (
@@ -159,13 +171,16 @@ from little_es.values import (
     UsageTotals,
 )
 from little_es.verify import VerifyReport, verify_world
+from little_es.waits import Approval, HumanAnswer
 from little_es.workflow.authoring import (
+    WaitStep,
     Workflow,
     agent,
     decision,
     parallel,
     subworkflow,
     task,
+    wait_for,
 )
 from little_es.workflow.context import StepContext
 from little_es.workflow.ir import END, RetryPolicy
@@ -177,6 +192,8 @@ __all__ = [
     "AggregateArgumentError",
     "AggregateConflictError",
     "AggregateNotFoundError",
+    "Approval",
+    "ApprovalDeniedError",
     "ArtifactError",
     "ArtifactIntegrityError",
     "ArtifactMismatchError",
@@ -198,6 +215,7 @@ __all__ = [
     "EventPayloadError",
     "HarnessEvent",
     "HarnessSession",
+    "HumanAnswer",
     "HydratedArtifact",
     "InvalidBranchSetError",
     "InvalidRunIdError",
@@ -220,6 +238,7 @@ __all__ = [
     "ModelRequest",
     "ModelResponded",
     "ModelResponse",
+    "NoSuchWaitError",
     "OrchestratorContextError",
     "OuterLoop",
     "OuterLoopCompleted",
@@ -265,6 +284,8 @@ __all__ = [
     "RunStoppedError",
     "RunSummary",
     "RunTree",
+    "RunWaiting",
+    "RunWaitingError",
     "RunsProjectionError",
     "RuntimeIntegrityError",
     "ScriptedModel",
@@ -273,6 +294,11 @@ __all__ = [
     "SessionInputError",
     "SessionOutcome",
     "SessionStarted",
+    "SignalConsumedError",
+    "SignalDataError",
+    "SignalError",
+    "SignalReceived",
+    "StaleApprovalError",
     "StepAggregates",
     "StepCompleted",
     "StepContext",
@@ -300,6 +326,10 @@ __all__ = [
     "UsageTotals",
     "VerifyReport",
     "VisitLimitError",
+    "WaitState",
+    "WaitStep",
+    "WaitTimedOut",
+    "WaitTimedOutError",
     "Workflow",
     "WorkflowChangedError",
     "WorkflowDefinitionError",
@@ -309,6 +339,7 @@ __all__ = [
     "WorldIntegrityError",
     "agent",
     "apply",
+    "ask_human",
     "cancel_run",
     "check_leases",
     "configure_logging",
@@ -318,6 +349,7 @@ __all__ = [
     "list_outer_loops",
     "list_runs",
     "list_sub_runs",
+    "list_waits",
     "load_outer_loop",
     "local_world",
     "loop_view",
@@ -346,4 +378,5 @@ __all__ = [
     "unregister_model_price",
     "validate_run_id",
     "verify_world",
+    "wait_for",
 ]

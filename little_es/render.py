@@ -51,7 +51,7 @@ from little_es.events import (
     StepFailed,
     StepStarted,
 )
-from little_es.materialize import MaterializedRunState
+from little_es.materialize import MaterializedRunState, WaitState
 from little_es.orchestrator import RunTree, SubRunSummary, list_sub_runs, run_tree, sum_usage
 from little_es.outer_loop import cycle_cost, list_outer_loops, load_outer_loop, loop_totals
 from little_es.replay import ReplayResult, read_run_state
@@ -701,3 +701,61 @@ def render_loop_report(
             if world.run_exists(run_id):
                 render_tree(world, run_id, console)
     return loop
+
+
+def signal_command_text(run_id: str, wait: WaitState) -> str:
+    """The ``little signal`` command that answers ``wait`` (its data left to fill in)."""
+    digest = (
+        f" --digest {wait.action_digest[:16]}"
+        if wait.kind == "approval" and wait.action_digest
+        else ""
+    )
+    example = {
+        "approval": """'{"approved": true}'""",
+        "ask_human": """'{"answer": "..."}'"""
+        if wait.model_ref.endswith(":HumanAnswer")
+        else "JSON",
+    }.get(wait.kind, "JSON")
+    return f"little signal {run_id} {wait.signal} --data {example}{digest}"
+
+
+def _asked(wait: WaitState) -> str:
+    if wait.question:
+        return wait.question
+    if isinstance(wait.action, Mapping):
+        args = orjson.dumps(wait.action.get("args"), option=orjson.OPT_SORT_KEYS).decode()
+        return f"{wait.action.get('tool')}({args})"
+    return ""
+
+
+def render_waits(waits: Sequence[tuple[str, WaitState]], world_name: str, console: Console) -> None:
+    """Print the open waits of the world's runs (``little runs --waiting``): what each run
+    waits for, since when, until when, and the command that sends the signal."""
+    if not waits:
+        console.print(f"no run waits in world {escape(world_name)}")
+        return
+    table = Table(title=f"waiting runs in {escape(world_name)}", box=box.SIMPLE_HEAD)
+    table.add_column("run", overflow="fold")
+    table.add_column("step", overflow="fold")
+    table.add_column("signal", no_wrap=True)
+    table.add_column("kind", no_wrap=True)
+    table.add_column("asks", overflow="fold")
+    table.add_column("data model", overflow="fold")
+    table.add_column("since", no_wrap=True)
+    table.add_column("deadline", no_wrap=True)
+    table.add_column("digest", no_wrap=True)
+    for run_id, wait in waits:
+        table.add_row(
+            escape(run_id),
+            escape(wait.step_path),
+            escape(wait.signal),
+            wait.kind,
+            escape(_asked(wait)),
+            escape(wait.model_ref.rpartition(":")[2]),
+            _when(wait.since),
+            _when(wait.deadline) or "-",
+            (wait.action_digest or "")[:16],
+        )
+    console.print(table)
+    for run_id, wait in waits:
+        console.print(f"  {escape(signal_command_text(run_id, wait))}", soft_wrap=True)
