@@ -1,0 +1,421 @@
+"""Durable waits in one process: wait_for steps, ask_human, approval-gated tools, signals.
+
+What is recorded when a run waits, what a signal must be to be taken, that it is taken
+once, that a timeout is its own outcome, and that the local engine alone runs them (the
+Temporal adapter refuses them at the start). The kill test, with real processes, is in
+``test_waits_kill.py``.
+"""
+
+# No `from __future__ import annotations`: the test tools' hints must stay real objects.
+import asyncio
+import time
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+from typer.testing import CliRunner
+
+from little_es import (
+    ApprovalDeniedError,
+    EngineUnsupportedError,
+    NoSuchWaitError,
+    RunNotFoundError,
+    RunWaitingError,
+    SignalConsumedError,
+    SignalDataError,
+    SignalError,
+    StaleApprovalError,
+    WaitTimedOutError,
+    WorkflowChangedError,
+    WorkflowDefinitionError,
+    ask_human,
+    cancel_run,
+    list_waits,
+    wait_for,
+)
+from little_es.cli import app
+from little_es.engine.executor import check_engine
+from little_es.engine.local import run_workflow
+from little_es.events import (
+    RunWaiting,
+    SignalReceived,
+    StepFailed,
+    ToolCallFailed,
+    ToolCallSucceeded,
+    WaitTimedOut,
+)
+from little_es.harness.model import ScriptedModel, ScriptedReply
+from little_es.harness.tools import tool
+from little_es.replay import replay_run
+from little_es.values import ToolCall
+from little_es.waits import action_digest, schema_digest
+from little_es.workflow.authoring import Workflow, agent, parallel, task
+from little_es.workflow.context import StepContext
+from little_es.world import World
+
+pytestmark = pytest.mark.backends("memory", "sqlite")
+
+
+class Decision(BaseModel):
+    approved: bool
+    note: str = ""
+
+
+class OtherDecision(BaseModel):
+    approved: bool
+    reviewer: str
+
+
+executed: list[str] = []
+
+
+def _fetch(ctx: StepContext) -> dict[str, Any]:
+    executed.append("fetch")
+    return {"ticket": 42}
+
+
+def _publish(ctx: StepContext) -> dict[str, Any]:
+    executed.append("publish")
+    return {"decision": ctx.outputs["review"], "ticket": ctx.outputs["fetch"]["ticket"]}
+
+
+def _flow(timeout: float | None = 3600, model: type[BaseModel] = Decision) -> Workflow:
+    return Workflow(
+        "approve",
+        steps=[
+            task("fetch", _fetch),
+            wait_for("review", signal="review", model=model, timeout=timeout),
+            task("publish", _publish),
+        ],
+    )
+
+
+def _run(world: World, wf: Workflow, run_id: str, input: Any = None) -> Any:
+    return asyncio.run(run_workflow(world, wf, input, run_id=run_id))
+
+
+def _events(world: World, run_id: str) -> list[Any]:
+    return list(world.read_run_log(run_id))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_ledger() -> None:
+    executed.clear()
+
+
+def test_a_wait_step_records_what_it_waits_for_and_the_driver_stops_cleanly(
+    world: World,
+) -> None:
+    with pytest.raises(RunWaitingError) as stopped:
+        _run(world, _flow(), "run_w", {"x": 1})
+    assert stopped.value.waits == (("review", "review", "review"),)
+    assert "little signal run_w review --data JSON" in str(stopped.value)
+    events = _events(world, "run_w")
+    waiting = [e for e in events if isinstance(e, RunWaiting)]
+    assert len(waiting) == 1
+    (w,) = waiting
+    assert (w.signal, w.step_path, w.kind) == ("review", "review", "step")
+    assert w.model_ref.endswith(":Decision")
+    assert w.schema_digest == schema_digest(Decision)
+    assert w.deadline is not None and 3590 < (w.deadline - w.timestamp).total_seconds() <= 3600
+    assert not any(isinstance(e, StepFailed) for e in events)
+    state = replay_run(world, "run_w").state
+    assert state.status == "waiting"
+    assert state.steps["review"].status == "running"
+    assert state.waits["review"].status == "waiting"
+
+    # A resume before the signal appends nothing and stops at the same wait again.
+    before = len(_events(world, "run_w"))
+    with pytest.raises(RunWaitingError):
+        _run(world, _flow(), "run_w")
+    assert len(_events(world, "run_w")) == before
+    assert executed == ["fetch"]
+
+
+def test_a_signal_resumes_the_run_with_its_data_as_the_steps_output(world: World) -> None:
+    with pytest.raises(RunWaitingError):
+        _run(world, _flow(), "run_s")
+    event = world.signal("run_s", "review", {"approved": True}, sent_by="ops@example")
+    assert isinstance(event, SignalReceived)
+    assert event.data == {"approved": True, "note": ""}  # validated and dumped by the model
+    assert replay_run(world, "run_s").state.status == "running"
+    result = _run(world, _flow(), "run_s")
+    assert result.state.status == "completed"
+    assert result.output == {"decision": {"approved": True, "note": ""}, "ticket": 42}
+    assert result.state.steps["review"].output == {"approved": True, "note": ""}
+    # fetch ran once, before the wait; nothing ran twice.
+    assert executed == ["fetch", "publish"]
+    assert result.state == replay_run(world, "run_s").state
+    assert [w.signalled_by for w in result.state.waits.values()] == ["ops@example"]
+
+
+def test_a_signal_that_does_not_validate_is_refused_with_nothing_recorded(world: World) -> None:
+    with pytest.raises(RunWaitingError):
+        _run(world, _flow(), "run_v")
+    before = len(_events(world, "run_v"))
+    with pytest.raises(SignalDataError, match=r"approved: Input should be a valid boolean"):
+        world.signal("run_v", "review", {"approved": "maybe"})
+    with pytest.raises(SignalDataError, match="does not validate"):
+        world.signal("run_v", "review", {"approved": True, "extra": 1} | {"note": 3})
+    with pytest.raises(NoSuchWaitError, match=r"does not wait for signal 'deploy'.*'review'"):
+        world.signal("run_v", "deploy", {"approved": True})
+    with pytest.raises(RunNotFoundError):
+        world.signal("run_nowhere", "review", {"approved": True})
+    with pytest.raises(SignalError):
+        world.signal("run_v", "", {"approved": True})
+    assert len(_events(world, "run_v")) == before
+    assert replay_run(world, "run_v").state.status == "waiting"
+
+
+def test_a_signal_is_taken_once_and_a_duplicate_names_the_first(world: World) -> None:
+    with pytest.raises(RunWaitingError):
+        _run(world, _flow(), "run_d")
+    first = world.signal("run_d", "review", {"approved": True}, signal_id="delivery-1")
+    before = len(_events(world, "run_d"))
+    # A double click: the wait took a signal already.
+    with pytest.raises(SignalConsumedError, match="took signal delivery-1 already"):
+        world.signal("run_d", "review", {"approved": False})
+    # A retried webhook with the same delivery id.
+    with pytest.raises(SignalConsumedError, match="signal id 'delivery-1' was recorded already"):
+        world.signal("run_d", "review", {"approved": True}, signal_id="delivery-1")
+    assert len(_events(world, "run_d")) == before
+    result = _run(world, _flow(), "run_d")
+    assert result.output["decision"] == first.data
+    # After the run went on, the wait still refuses a late duplicate.
+    with pytest.raises(SignalConsumedError):
+        world.signal("run_d", "review", {"approved": False})
+    assert executed == ["fetch", "publish"]
+
+
+def test_a_timeout_records_its_own_outcome_and_closes_the_wait(world: World) -> None:
+    with pytest.raises(RunWaitingError):
+        _run(world, _flow(timeout=0.2), "run_t")
+    time.sleep(0.3)
+    with pytest.raises(NoSuchWaitError, match="timed out"):
+        world.signal("run_t", "review", {"approved": True})
+    with pytest.raises(WaitTimedOutError, match="timed out at"):
+        _run(world, _flow(timeout=0.2), "run_t")
+    events = _events(world, "run_t")
+    assert [type(e) for e in events if isinstance(e, WaitTimedOut)] == [WaitTimedOut]
+    assert not any(isinstance(e, StepFailed) for e in events)
+    state = replay_run(world, "run_t").state
+    assert state.status == "timed_out" and state.stopped_step_path == "review"
+    assert "timed out" in (state.stop_reason or "")
+    # It stays so: a resume is refused with nothing appended, and no signal is taken.
+    with pytest.raises(WaitTimedOutError):
+        _run(world, _flow(timeout=0.2), "run_t")
+    assert len(_events(world, "run_t")) == len(events)
+    with pytest.raises(NoSuchWaitError, match="timed out"):
+        world.signal("run_t", "review", {"approved": True})
+    assert executed == ["fetch"]
+
+
+def test_the_wait_is_part_of_the_workflow_definition(world: World) -> None:
+    assert _flow().ir_hash != _flow(model=OtherDecision).ir_hash
+    assert _flow(timeout=10).ir_hash != _flow(timeout=20).ir_hash
+    with pytest.raises(RunWaitingError):
+        _run(world, _flow(), "run_c")
+    with pytest.raises(WorkflowChangedError):
+        _run(world, _flow(model=OtherDecision), "run_c")
+
+
+def test_wait_for_refuses_what_it_cannot_wait_for() -> None:
+    class Local(BaseModel):
+        ok: bool
+
+    with pytest.raises(WorkflowDefinitionError, match="pydantic model"):
+        wait_for("w", model=dict)  # type: ignore[arg-type]
+    with pytest.raises(WorkflowDefinitionError, match="inside a function"):
+        wait_for("w", model=Local)
+    with pytest.raises(WorkflowDefinitionError, match="timeout"):
+        wait_for("w", model=Decision, timeout=-1)
+    with pytest.raises(WorkflowDefinitionError, match="signal"):
+        wait_for("w", signal="no spaces", model=Decision)
+    with pytest.raises(WorkflowDefinitionError):
+        parallel("g", branches=lambda ctx: ["a"], step=wait_for("w", model=Decision))  # type: ignore[arg-type]
+
+
+def test_a_cancelled_waiting_run_takes_no_signal(world: World) -> None:
+    with pytest.raises(RunWaitingError):
+        _run(world, _flow(), "run_x")
+    cancel_run(world, "run_x", reason="not needed")
+    with pytest.raises(NoSuchWaitError, match="cancelled"):
+        world.signal("run_x", "review", {"approved": True})
+
+
+# ------------------------------------------------------------------ agents
+
+
+deployed: list[str] = []
+
+
+@tool(requires_approval=True)
+def deploy(env: str) -> str:
+    """Deploy the build to ``env``."""
+    deployed.append(env)
+    return f"deployed to {env}"
+
+
+@tool
+def lookup(key: str) -> str:
+    """Look a key up."""
+    deployed.append(f"lookup {key}")
+    return f"value of {key}"
+
+
+def _agent_flow(model: ScriptedModel) -> Workflow:
+    return Workflow(
+        "ops",
+        steps=[agent("ops", model=model, prompt="ship it", tools=[ask_human(), deploy, lookup])],
+    )
+
+
+def _ops_model() -> ScriptedModel:
+    return ScriptedModel(
+        [
+            ScriptedReply(
+                tool_calls=(
+                    ToolCall(id="q", name="ask_human", arguments={"question": "which env?"}),
+                    ToolCall(id="l", name="lookup", arguments={"key": "build"}),
+                )
+            ),
+            ScriptedReply(tool_calls=(ToolCall(id="d", name="deploy", arguments={"env": "prod"}),)),
+            ScriptedReply(content="shipped"),
+        ]
+    )
+
+
+def test_ask_human_stops_the_agent_and_the_answer_is_the_calls_result(world: World) -> None:
+    deployed.clear()
+    model = _ops_model()
+    with pytest.raises(RunWaitingError) as stopped:
+        _run(world, _agent_flow(model), "run_a")
+    assert [w[0] for w in stopped.value.waits] == ["human"]
+    (waiting,) = [e for e in _events(world, "run_a") if isinstance(e, RunWaiting)]
+    assert waiting.kind == "ask_human" and waiting.question == "which env?"
+    assert waiting.wait_id == "ops#1:q"
+    assert waiting.action == {"tool": "ask_human", "args": {"question": "which env?"}}
+    assert waiting.action_digest == action_digest("ask_human", {"question": "which env?"})
+    # The other call of the batch finished and is committed: it is not run again.
+    assert deployed == ["lookup build"]
+    assert model.calls == 1
+
+    world.signal("run_a", "human", {"answer": "prod"})
+    with pytest.raises(RunWaitingError) as again:
+        _run(world, _agent_flow(model), "run_a")
+    # The answer went to the model; now deploy waits for its approval.
+    assert [w[0] for w in again.value.waits] == ["approval"]
+    assert model.calls == 2
+    second_request = model.requests[-1]
+    answer = [m for m in second_request.messages if m.role == "tool" and m.name == "ask_human"]
+    assert answer[0].content == '{"answer":"prod"}'
+    assert deployed == ["lookup build"]
+
+    digest = action_digest("deploy", {"env": "prod"})
+    assert [w.action_digest for _, w in list_waits(world) if w.kind == "approval"] == [digest]
+    world.signal("run_a", "approval", {"approved": True}, digest=digest[:12])
+    result = _run(world, _agent_flow(model), "run_a")
+    assert result.output == "shipped"
+    assert deployed == ["lookup build", "prod"]
+    assert model.calls == 3
+    succeeded = [e for e in _events(world, "run_a") if isinstance(e, ToolCallSucceeded)]
+    assert [e.call_id for e in succeeded] == ["l", "q", "d"]
+    assert result.state == replay_run(world, "run_a").state
+
+
+def test_an_approval_is_bound_to_the_digest_of_what_it_approves(world: World) -> None:
+    deployed.clear()
+    model = ScriptedModel(
+        [
+            ScriptedReply(tool_calls=(ToolCall(id="d", name="deploy", arguments={"env": "prod"}),)),
+            ScriptedReply(content="gave up"),
+        ]
+    )
+    wf = _agent_flow(model)
+    with pytest.raises(RunWaitingError):
+        _run(world, wf, "run_p")
+    before = len(_events(world, "run_p"))
+    with pytest.raises(SignalDataError, match="must name what it approves: --digest"):
+        world.signal("run_p", "approval", {"approved": True})
+    stale = action_digest("deploy", {"env": "staging"})
+    with pytest.raises(StaleApprovalError, match="stale"):
+        world.signal("run_p", "approval", {"approved": True}, digest=stale)
+    with pytest.raises(StaleApprovalError, match="not a digest"):
+        world.signal("run_p", "approval", {"approved": True}, digest="abc")
+    assert len(_events(world, "run_p")) == before
+    # Declined: the tool never runs, the model is told, and the agent goes on.
+    digest = action_digest("deploy", {"env": "prod"})
+    world.signal("run_p", "approval", {"approved": False, "comment": "freeze"}, digest=digest)
+    result = _run(world, wf, "run_p")
+    assert result.output == "gave up" and deployed == []
+    (failed,) = [e for e in _events(world, "run_p") if isinstance(e, ToolCallFailed)]
+    assert failed.error.type == ApprovalDeniedError.__name__
+    assert "freeze" in failed.error.message
+
+
+def test_invalid_arguments_fail_the_call_without_asking_anyone(world: World) -> None:
+    deployed.clear()
+    model = ScriptedModel(
+        [
+            ScriptedReply(tool_calls=(ToolCall(id="d", name="deploy", arguments={"env": 3}),)),
+            ScriptedReply(content="fixed nothing"),
+        ]
+    )
+    result = _run(world, _agent_flow(model), "run_i")
+    assert result.output == "fixed nothing"
+    assert not any(isinstance(e, RunWaiting) for e in _events(world, "run_i"))
+
+
+def test_waits_run_on_the_local_engine_only_and_temporal_refuses_them_at_start() -> None:
+    with pytest.raises(EngineUnsupportedError, match="step 'review' waits for a signal"):
+        check_engine(_flow(), "temporal")
+    with pytest.raises(EngineUnsupportedError, match="tool 'ask_human' of agent step 'ops'"):
+        check_engine(_agent_flow(_ops_model()), "temporal")
+    gated = Workflow("g", steps=[agent("a", model=_ops_model(), prompt="p", tools=[deploy])])
+    with pytest.raises(EngineUnsupportedError, match="tool 'deploy'"):
+        check_engine(gated, "temporal")
+    check_engine(_flow(), "local")
+
+
+# ------------------------------------------------------------------ the command line
+
+
+def test_little_runs_waiting_little_signal_and_little_resume(
+    world: World, world_spec: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not world_spec.persistent:
+        pytest.skip("the command opens the world afresh")
+    runner = CliRunner()
+    url = world_spec.url
+    started = runner.invoke(
+        app, ["run", "tests.test_waits:CLI_FLOW", "--run-id", "run_c", "--world", url]
+    )
+    assert started.exit_code == 3, started.output
+    assert "waiting" in started.output
+    assert "little signal run_c review --data JSON" in started.output
+    listed = runner.invoke(app, ["runs", "--waiting", "--world", url])
+    assert listed.exit_code == 0, listed.output
+    assert "run_c" in listed.output and "review" in listed.output and "Decision" in listed.output
+    bad = runner.invoke(
+        app, ["signal", "run_c", "review", "--data", '{"approved": 1.5}', "--world", url]
+    )
+    assert bad.exit_code == 1 and "does not validate" in bad.output
+    sent = runner.invoke(
+        app, ["signal", "run_c", "review", "--data", '{"approved": true}', "--world", url]
+    )
+    assert sent.exit_code == 0, sent.output
+    assert "recorded SignalReceived 'review'" in sent.output
+    twice = runner.invoke(
+        app, ["signal", "run_c", "review", "--data", '{"approved": true}', "--world", url]
+    )
+    assert twice.exit_code == 1 and "already" in twice.output
+    empty = runner.invoke(app, ["runs", "--waiting", "--world", url])
+    assert "no run waits" in empty.output
+    resumed = runner.invoke(
+        app, ["resume", "run_c", "--workflow", "tests.test_waits:CLI_FLOW", "--world", url]
+    )
+    assert resumed.exit_code == 0, resumed.output
+    assert "completed" in resumed.output
+
+
+CLI_FLOW = _flow()
