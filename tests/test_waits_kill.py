@@ -2,8 +2,8 @@
 process, resumed in a third, with nothing executed twice.
 
 A child drives the ``waits`` workflow (``tests/_waits_proc.py``) and is killed with
-SIGKILL right after it commits ``RunWaiting`` for the agent's ``ask_human`` call. ``little
-signal`` (another process, holding no lease) answers; a second child resumes, the agent
+SIGKILL once it committed ``RunWaiting`` for the agent's ``ask_human`` call and the result
+of the batch's other tool call. ``little signal`` (another process, holding no lease) answers; a second child resumes, the agent
 fast-forwards through its recorded calls and continues, and it is killed again right
 after the ``review`` step's ``RunWaiting``. A second ``little signal``, and a third child
 completes the run. The ledger outside the processes shows every step, model call and tool
