@@ -735,15 +735,13 @@ def render_waits(waits: Sequence[tuple[str, WaitState]], world_name: str, consol
         console.print(f"no run waits in world {escape(world_name)}")
         return
     table = Table(title=f"waiting runs in {escape(world_name)}", box=box.SIMPLE_HEAD)
-    table.add_column("run", overflow="fold")
-    table.add_column("step", overflow="fold")
+    table.add_column("run", no_wrap=True)
+    table.add_column("step", no_wrap=True)
     table.add_column("signal", no_wrap=True)
     table.add_column("kind", no_wrap=True)
-    table.add_column("asks", overflow="fold")
-    table.add_column("data model", overflow="fold")
+    table.add_column("asks", overflow="fold", ratio=1)
     table.add_column("since", no_wrap=True)
     table.add_column("deadline", no_wrap=True)
-    table.add_column("digest", no_wrap=True)
     for run_id, wait in waits:
         table.add_row(
             escape(run_id),
@@ -751,11 +749,16 @@ def render_waits(waits: Sequence[tuple[str, WaitState]], world_name: str, consol
             escape(wait.signal),
             wait.kind,
             escape(_asked(wait)),
-            escape(wait.model_ref.rpartition(":")[2]),
             _when(wait.since),
             _when(wait.deadline) or "-",
-            (wait.action_digest or "")[:16],
         )
     console.print(table)
     for run_id, wait in waits:
+        model = wait.model_ref.rpartition(":")[2]
+        digest = f", action digest {wait.action_digest}" if wait.action_digest else ""
+        console.print(
+            f"{escape(run_id)} {escape(wait.step_path)}: data {escape(model)}{digest}",
+            soft_wrap=True,
+            highlight=False,
+        )
         console.print(f"  {escape(signal_command_text(run_id, wait))}", soft_wrap=True)

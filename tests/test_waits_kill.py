@@ -2,12 +2,13 @@
 process, resumed in a third, with nothing executed twice.
 
 A child drives the ``waits`` workflow (``tests/_waits_proc.py``) and is killed with
-SIGKILL once it committed ``RunWaiting`` for the agent's ``ask_human`` call and the result
-of the batch's other tool call. ``little signal`` (another process, holding no lease) answers; a second child resumes, the agent
-fast-forwards through its recorded calls and continues, and it is killed again right
-after the ``review`` step's ``RunWaiting``. A second ``little signal``, and a third child
-completes the run. The ledger outside the processes shows every step, model call and tool
-call executed exactly once. Real SQLite files and the real PostgreSQL server.
+SIGKILL once it committed ``RunWaiting`` for the agent's ``ask_human`` call and the
+result of the batch's other tool call. ``little signal`` (another process, holding no
+lease) answers; a second child resumes, the agent fast-forwards through its recorded
+calls and continues, and it is killed again right after the ``review`` step's
+``RunWaiting``. A second ``little signal``, and a third child completes the run. The
+ledger outside the processes shows every step, model call and tool call executed
+exactly once. Real SQLite files and the real PostgreSQL server.
 """
 
 from __future__ import annotations
@@ -124,3 +125,33 @@ def test_a_run_killed_while_waiting_resumes_after_the_signal_with_nothing_reexec
     assert sum(isinstance(e, SignalReceived) for e in events) == 2
     assert not any(isinstance(e, StepFailed) for e in events)
     assert state.steps["review"].output == {"approved": True, "reviewer": "ana"}
+
+
+def test_the_approval_example_asks_exits_and_continues_after_little_signal() -> None:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "approval.py")],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout + done.stderr
+    assert out.count("(waiting)") == 2 and "exit code 0 (completed)" in out
+    assert "recorded SignalReceived 'human'" in out
+    assert "this duplicate was not recorded" in out
+    assert "the signal is stale" in out
+    assert "recorded SignalReceived 'approval'" in out
+    assert "Done: 1.4.2 is live on prod." in out
+    ran = out.split("what really ran, once each:")[1].split("$ little report")[0]
+    rows = [line.strip().rsplit(None, 1) for line in ran.split("\n")[1:-1]]
+    counts = dict(rows)
+    # Each step, model call and tool call of the ledger executed once, over four processes.
+    assert counts == {
+        "step build": "1",
+        "model turn 1": "1",
+        "model turn 2": "1",
+        "tool deploy(prod, 1.4.2)": "1",
+        "model turn 3": "1",
+    }
+    assert "release v1 · completed" in out
