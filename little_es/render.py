@@ -47,9 +47,11 @@ from little_es.events import (
     Event,
     ModelPriceSet,
     RunCancelled,
+    RunWaiting,
     StepCompleted,
     StepFailed,
     StepStarted,
+    WaitTimedOut,
 )
 from little_es.materialize import MaterializedRunState, WaitState
 from little_es.orchestrator import RunTree, SubRunSummary, list_sub_runs, run_tree, sum_usage
@@ -88,6 +90,8 @@ STATUS_STYLES: Mapping[str, str] = MappingProxyType(
         "cancelled": "bright_black",
         "budget_exceeded": "dark_orange",
         "abandoned": "bright_black",
+        "waiting": "blue",
+        "timed_out": "dark_orange",
         "done": "green",
     }
 )
@@ -193,6 +197,18 @@ def render_report(world: World, run_id: str, console: Console) -> MaterializedRu
             f"{status_text('budget_exceeded')}{at}: {escape(state.stop_reason or '')} · resume"
             " with a larger budget"
         )
+    elif state.status == "timed_out":
+        at = f" in step {escape(state.stopped_step_path)}" if state.stopped_step_path else ""
+        console.print(f"{status_text('timed_out')}{at}: {escape(state.stop_reason or '')}")
+    for wait in state.waits.values():
+        if wait.status == "waiting":
+            console.print(
+                f"{status_text('waiting')} in step {escape(wait.step_path)} for signal"
+                f" {escape(wait.signal)}"
+                + (f" (until {_when(wait.deadline)})" if wait.deadline else "")
+                + f": {escape(signal_command_text(run_id, wait))}",
+                soft_wrap=True,
+            )
     return state
 
 
@@ -593,6 +609,10 @@ class StepBoard:
             for path, (status, _) in self.rows.items():
                 if status == "running":
                     self.rows[path] = ("cancelled", (event.reason or "")[:60])
+        elif isinstance(event, RunWaiting):
+            self.rows[event.step_path] = ("waiting", f"for signal {event.signal}"[:60])
+        elif isinstance(event, WaitTimedOut):
+            self.rows[event.step_path] = ("timed_out", f"signal {event.signal}"[:60])
 
     def render(self) -> Table:
         """The table as it stands: one row per step seen so far."""

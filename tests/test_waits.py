@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
+from rich.console import Console
 from typer.testing import CliRunner
 
 from little_es import (
@@ -46,7 +47,9 @@ from little_es.events import (
 )
 from little_es.harness.model import ScriptedModel, ScriptedReply
 from little_es.harness.tools import tool
+from little_es.render import STATUS_STYLES, StepBoard, render_report
 from little_es.replay import replay_run
+from little_es.ui.html import _CSS_COLOURS
 from little_es.values import ToolCall
 from little_es.waits import action_digest, schema_digest
 from little_es.workflow.authoring import Workflow, agent, parallel, task
@@ -208,6 +211,21 @@ def test_a_timeout_records_its_own_outcome_and_closes_the_wait(world: World) -> 
     with pytest.raises(NoSuchWaitError, match="timed out"):
         world.signal("run_t", "review", {"approved": True})
     assert executed == ["fetch"]
+
+
+def test_the_report_and_the_step_board_say_what_a_run_waits_for(world: World) -> None:
+    board = StepBoard()
+    with pytest.raises(RunWaitingError):
+        asyncio.run(run_workflow(world, _flow(), None, run_id="run_r", observer=board.observe))
+    assert board.rows["review"] == ("waiting", "for signal review")
+    out = Console(width=200, record=True)
+    render_report(world, "run_r", out)
+    text = out.export_text()
+    assert "waiting" in text.splitlines()[0]
+    assert "waiting in step review for signal review (until " in text
+    assert "little signal run_r review --data JSON" in text
+    # The web page draws every status in a colour it knows.
+    assert {STATUS_STYLES[s] for s in ("waiting", "timed_out")} <= set(_CSS_COLOURS)
 
 
 def test_the_wait_is_part_of_the_workflow_definition(world: World) -> None:

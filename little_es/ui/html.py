@@ -51,6 +51,7 @@ _CSS_COLOURS = {
     "magenta": "#8250df",
     "bright_black": "#6e7781",
     "dark_orange": "#bc4c00",
+    "blue": "#0550ae",
     "white": "#57606a",
 }
 
