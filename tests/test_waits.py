@@ -1,9 +1,8 @@
 """Durable waits in one process: wait_for steps, ask_human, approval-gated tools, signals.
 
 What is recorded when a run waits, what a signal must be to be taken, that it is taken
-once, that a timeout is its own outcome, and that the local engine alone runs them (the
-Temporal adapter refuses them at the start). The kill test, with real processes, is in
-``test_waits_kill.py``.
+once, and that a timeout is its own outcome. On Temporal: ``test_temporal_waits.py``; the
+kill test, with real processes: ``test_waits_kill.py``.
 """
 
 # No `from __future__ import annotations`: the test tools' hints must stay real objects.
@@ -18,7 +17,6 @@ from typer.testing import CliRunner
 
 from little_es import (
     ApprovalDeniedError,
-    EngineUnsupportedError,
     NoSuchWaitError,
     RunNotFoundError,
     RunWaitingError,
@@ -35,7 +33,6 @@ from little_es import (
     wait_for,
 )
 from little_es.cli import app
-from little_es.engine.executor import check_engine
 from little_es.engine.local import run_workflow
 from little_es.events import (
     RunWaiting,
@@ -382,17 +379,6 @@ def test_invalid_arguments_fail_the_call_without_asking_anyone(world: World) -> 
     result = _run(world, _agent_flow(model), "run_i")
     assert result.output == "fixed nothing"
     assert not any(isinstance(e, RunWaiting) for e in _events(world, "run_i"))
-
-
-def test_waits_run_on_the_local_engine_only_and_temporal_refuses_them_at_start() -> None:
-    with pytest.raises(EngineUnsupportedError, match="step 'review' waits for a signal"):
-        check_engine(_flow(), "temporal")
-    with pytest.raises(EngineUnsupportedError, match="tool 'ask_human' of agent step 'ops'"):
-        check_engine(_agent_flow(_ops_model()), "temporal")
-    gated = Workflow("g", steps=[agent("a", model=_ops_model(), prompt="p", tools=[deploy])])
-    with pytest.raises(EngineUnsupportedError, match="tool 'deploy'"):
-        check_engine(gated, "temporal")
-    check_engine(_flow(), "local")
 
 
 # ------------------------------------------------------------------ the command line

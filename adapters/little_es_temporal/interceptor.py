@@ -48,7 +48,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
 
 from little_es.engine.executor import Committed, HostedRun
-from little_es.errors import ConcurrentRunError, StepSuspendedError
+from little_es.errors import ConcurrentRunError, RunWaitingError, StepSuspendedError
 from little_es.ids import step_lease_id
 from little_es.logging import get_logger
 from little_es.workflow.authoring import SubworkflowStep, WaitStep
@@ -61,13 +61,13 @@ from little_es_temporal.activities import (
     done_from_fold,
 )
 from little_es_temporal.errors import TemporalAdapterError, gave_up_error, to_application_error
-from little_es_temporal.models import ACTIVITY_NAMES, RUN_STEP, StepDone, StepInput
+from little_es_temporal.models import ACTIVITY_NAMES, RUN_STEP, StepDone, StepInput, WaitNotice
 
 __all__ = ["LittleInterceptor", "StepBusyError", "run_step_durably"]
 
 _log = get_logger()
 
-_STEP_KINDS = ("task", "agent", "decision")
+_STEP_KINDS = ("task", "agent", "decision", "wait")
 
 
 class StepBusyError(ConcurrentRunError):
@@ -199,11 +199,6 @@ async def _run_step(
                 raise TemporalAdapterError(
                     f"step {begun.step_path!r} is a subworkflow step; it runs as a child workflow"
                 )
-            if isinstance(step, WaitStep):
-                # check_engine refuses wait steps on Temporal at the run's start.
-                raise TemporalAdapterError(
-                    f"step {begun.step_path!r} is a wait step, which runs on the local engine"
-                )
             if begun.in_flight:
                 _log.info(
                     "step continues after a crash",
@@ -214,9 +209,26 @@ async def _run_step(
                 )
             host = TemporalSubRunHost(activities, step_input.hosted)
             executor.host = host
-            token = CURRENT_STEP.set(StepCall(activities.world, step, begun.ctx))
+            if isinstance(step, WaitStep):
+                # A wait step runs no code of its own: the executor records the wait, or
+                # reads the signal that came.
+                token = CURRENT_STEP.set(None)
+                work: Callable[[], Awaitable[Any]] = lambda: executor.execute(begun)  # noqa: E731
+            else:
+                token = CURRENT_STEP.set(StepCall(activities.world, step, begun.ctx))
+                work = body
             try:
-                outcome = await executor.attempt(begun, body)
+                outcome = await executor.attempt(begun, work)
+            except RunWaitingError as waiting:
+                # The wait is recorded (RunWaiting): the workflow waits on a Temporal
+                # signal, then runs the same attempt again, which reads the signal's data.
+                waits = executor.writer.read().waits
+                notices = tuple(
+                    WaitNotice(wait_id=wait_id, signal=name, deadline=waits[wait_id].deadline)
+                    for name, _, wait_id in waiting.waits
+                    if wait_id in waits
+                )
+                return StepDone(step_path=begun.step_path, attempt=begun.attempt, waiting=notices)
             except StepSuspendedError as suspended:
                 # Sub-runs to host as child workflows; the attempt stays in flight.
                 starts = tuple(

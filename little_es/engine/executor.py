@@ -190,30 +190,18 @@ def check_engine(workflow: Workflow, engine: str) -> None:
             f" with engines=[..., {engine!r}] once it supports it (nothing was recorded)"
         )
 
-    def refuse_wait(flow: Workflow, what: str) -> None:
-        raise EngineUnsupportedError(
-            f"workflow {flow.id!r}: {what} waits for a signal (wait_for, ask_human,"
-            f" requires_approval), and durable waits run on the local engine only so far;"
-            f" this run was started on {engine}: run it with run_workflow (nothing was"
-            " recorded)"
-        )
-
     def walk(flow: Workflow) -> None:
         if (flow.id, flow.ir_hash) in seen:
             return
         seen.add((flow.id, flow.ir_hash))
         for step in flow.steps:
             inner = step.step if isinstance(step, ParallelStep) else step
-            if isinstance(inner, WaitStep) and engine != "local":
-                refuse_wait(flow, f"step {inner.id!r}")
             if isinstance(inner, TaskStep) and inner.engines and engine not in inner.engines:
                 refuse(flow, f"step {inner.id!r}", inner.engines)
             if isinstance(inner, SubworkflowStep):
                 walk(inner.workflow)
             if isinstance(inner, AgentStep):
                 for found in inner.tools.values():
-                    if found.waits is not None and engine != "local":
-                        refuse_wait(flow, f"tool {found.name!r} of agent step {inner.id!r}")
                     if found.engines and engine not in found.engines:
                         what = f"tool {found.name!r} of agent step {inner.id!r}"
                         refuse(flow, what, found.engines)
