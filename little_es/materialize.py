@@ -604,7 +604,9 @@ def apply(state: RunFold, event: Event) -> RunFold:
             state.stop_reason = f"{event.scope} has spent {event.spent}"
             state.stopped_step_path = event.step_path
         case RunResumed():
-            state.status = "running"
+            # A run cancelled while it waited still waits once resumed.
+            waiting = any(w.status == "waiting" for w in state.waits.values())
+            state.status = "waiting" if waiting else "running"
             state.stop_reason = None
             state.stopped_step_path = None
         case RunWaiting():

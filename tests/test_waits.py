@@ -423,3 +423,92 @@ def test_little_runs_waiting_little_signal_and_little_resume(
 
 
 CLI_FLOW = _flow()
+
+
+# ------------------------------------------------------------------ branches, sub-runs, cancels
+
+
+def _asker(question: str) -> ScriptedModel:
+    return ScriptedModel(
+        [
+            ScriptedReply(
+                tool_calls=(ToolCall(id="q", name="ask_human", arguments={"question": question}),)
+            ),
+            ScriptedReply(content="thanks"),
+        ]
+    )
+
+
+def test_parallel_branches_wait_each_for_its_own_signal(world: World) -> None:
+    model = ScriptedModel(
+        respond=lambda request: (
+            ScriptedReply(content="thanks")
+            if any(m.role == "tool" for m in request.messages)
+            else ScriptedReply(
+                tool_calls=(
+                    ToolCall(
+                        id="q",
+                        name="ask_human",
+                        arguments={"question": request.messages[-1].content},
+                    ),
+                )
+            )
+        )
+    )
+    wf = Workflow(
+        "fan",
+        steps=[
+            parallel(
+                "ask",
+                branches=lambda ctx: ["a", "b"],
+                step=agent(
+                    "one",
+                    model=model,
+                    prompt=lambda ctx: f"ask {ctx.branch_value}",
+                    tools=[ask_human()],
+                ),
+            )
+        ],
+    )
+    with pytest.raises(RunWaitingError) as stopped:
+        _run(world, wf, "run_fan")
+    assert sorted(w[1] for w in stopped.value.waits) == ["ask[a]/one", "ask[b]/one"]
+    with pytest.raises(SignalError, match="at 2 places"):
+        world.signal("run_fan", "human", {"answer": "x"})
+    world.signal("run_fan", "human", {"answer": "for a"}, wait_id="ask[a]/one#1:q")
+    assert replay_run(world, "run_fan").state.status == "waiting"  # b still waits
+    with pytest.raises(RunWaitingError) as again:
+        _run(world, wf, "run_fan")
+    assert [w[1] for w in again.value.waits] == ["ask[b]/one"]
+    world.signal("run_fan", "human", {"answer": "for b"})
+    result = _run(world, wf, "run_fan")
+    assert result.output == {"a": "thanks", "b": "thanks"}
+    assert model.calls == 4
+
+
+def test_a_sub_run_that_waits_stops_its_parent_and_both_continue(world: World) -> None:
+    from little_es.workflow.authoring import subworkflow
+
+    child = _flow()
+    parent = Workflow("parent", steps=[subworkflow("approval", child)])
+    with pytest.raises(RunWaitingError) as stopped:
+        _run(world, parent, "run_parent")
+    sub_run_id = stopped.value.run_id
+    assert sub_run_id != "run_parent"
+    assert [r for r, _ in list_waits(world)] == [sub_run_id]
+    world.signal(sub_run_id, "review", {"approved": True})
+    result = _run(world, parent, "run_parent")
+    assert result.state.status == "completed"
+    assert result.output["decision"] == {"approved": True, "note": ""}
+    assert executed == ["fetch", "publish"]
+
+
+def test_a_waiting_run_cancelled_then_resumed_still_waits(world: World) -> None:
+    with pytest.raises(RunWaitingError):
+        _run(world, _flow(), "run_cw")
+    cancel_run(world, "run_cw")
+    with pytest.raises(RunWaitingError):
+        asyncio.run(run_workflow(world, _flow(), run_id="run_cw", resume_cancelled=True))
+    assert replay_run(world, "run_cw").state.status == "waiting"
+    world.signal("run_cw", "review", {"approved": False})
+    assert _run(world, _flow(), "run_cw").output["decision"]["approved"] is False

@@ -351,9 +351,13 @@ async def run_workflow(
             await scheduler.executor.fail_run(step_path=None, error=error)
             raise
         except RunWaitingError as exc:
-            # Branches (or a batch of tool calls) may wait at once: name every open wait.
             log.info("run waiting", reason=str(exc))
-            raise waiting_error(run_id, scheduler.writer.read()) from exc
+            every = waiting_error(run_id, scheduler.writer.read())
+            if not every.waits:
+                # A sub-run driven in this process waits (its own log says for what).
+                raise
+            # Branches (or a batch of tool calls) may wait at once: name every open wait.
+            raise every from exc
         except RunStoppedError as exc:
             log.info("run stopped", reason=str(exc))
             raise
