@@ -6,7 +6,8 @@ Temporal signal ``little_es.signal``: the step activity records ``RunWaiting`` a
 returns, the workflow waits (no activity runs, no worker is busy), and
 ``little_es_temporal.signal_run`` (or ``little signal --temporal ADDRESS``) records
 ``SignalReceived`` in the log and wakes it; the same step attempt runs again and reads
-the signal's data from the log. The log is the local engine's, the ledger shows every
+the signal's data from the log (the first worker stops while the run waits; a second
+one continues it after the signal). The log is the local engine's, the ledger shows every
 step, model call and tool call executed once, and the history replays. A deadline that
 passes first records ``WaitTimedOut`` and ends the workflow, as locally.
 """
@@ -110,14 +111,14 @@ async def test_waits_on_temporal_are_workflow_waits_on_a_temporal_signal(
                 client, wp.workflow, {}, run_id=run_id, task_queue=queue, timeouts=_FAST
             )
             await _until_waiting(world, run_id, "human")
-            assert _ledger(ledger) == Counter(
-                {"step fetch": 1, "model 1": 1, "tool lookup build": 1}
-            )
-            with pytest.raises(SignalDataError):
-                await signal_run(client, world, run_id, "human", {"answer": 1})
-            await signal_run(client, world, run_id, "human", {"answer": "prod"})
-            with pytest.raises(SignalConsumedError):
-                await signal_run(client, world, run_id, "human", {"answer": "dev"})
+        # No worker runs while the workflow waits: Temporal holds the wait.
+        assert _ledger(ledger) == Counter({"step fetch": 1, "model 1": 1, "tool lookup build": 1})
+        with pytest.raises(SignalDataError):
+            await signal_run(client, world, run_id, "human", {"answer": 1})
+        await signal_run(client, world, run_id, "human", {"answer": "prod"})
+        with pytest.raises(SignalConsumedError):
+            await signal_run(client, world, run_id, "human", {"answer": "dev"})
+        async with create_worker(client, world, workflows=[wp.workflow], task_queue=queue):
             await _until_waiting(world, run_id, "review")
             # From another process: `little signal --temporal` records it and wakes the run.
             sent = _little(

@@ -616,7 +616,8 @@ def wait_for(
     :class:`~little_es.errors.RunWaitingError`; the process may exit. ``world.signal`` /
     ``little signal RUN_ID NAME --data JSON`` sends the signal; the next ``run_workflow`` /
     ``little resume`` continues from here. A deadline that passed first records
-    ``WaitTimedOut`` (status ``timed_out``). Runs on the local engine.
+    ``WaitTimedOut`` (status ``timed_out``). On Temporal it is a workflow wait on the
+    Temporal signal ``little_es.signal`` (``little signal --temporal``).
     """
     _check_id(id)
     name = id if signal is None else signal
