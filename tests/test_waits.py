@@ -24,6 +24,7 @@ from little_es import (
     SignalDataError,
     SignalError,
     StaleApprovalError,
+    ToolError,
     WaitTimedOutError,
     WorkflowChangedError,
     WorkflowDefinitionError,
@@ -512,3 +513,42 @@ def test_a_waiting_run_cancelled_then_resumed_still_waits(world: World) -> None:
     assert replay_run(world, "run_cw").state.status == "waiting"
     world.signal("run_cw", "review", {"approved": False})
     assert _run(world, _flow(), "run_cw").output["decision"]["approved"] is False
+
+
+@tool(requires_approval=True, approval_timeout=0.2)
+def hurry(env: str) -> str:
+    """Deploy, if someone approves within a moment."""
+    deployed.append(f"hurry {env}")
+    return "done"
+
+
+def test_an_approval_that_does_not_come_in_time_times_out(world: World) -> None:
+    deployed.clear()
+    model = ScriptedModel(
+        [ScriptedReply(tool_calls=(ToolCall(id="h", name="hurry", arguments={"env": "prod"}),))]
+    )
+    wf = Workflow("late", steps=[agent("ops", model=model, prompt="go", tools=[hurry])])
+    with pytest.raises(RunWaitingError):
+        _run(world, wf, "run_late")
+    time.sleep(0.3)
+    with pytest.raises(WaitTimedOutError, match="signal 'approval' timed out"):
+        _run(world, wf, "run_late")
+    state = replay_run(world, "run_late").state
+    assert state.status == "timed_out" and deployed == [] and model.calls == 1
+    assert state.steps["ops"].status == "running"  # stopped, not failed
+
+
+def test_a_signal_cannot_be_recorded_around_its_checks(world: World) -> None:
+    from little_es import UnstorableEventError
+
+    with pytest.raises(RunWaitingError):
+        _run(world, _flow(), "run_b")
+    for event_class in (SignalReceived, RunWaiting, WaitTimedOut):
+        with pytest.raises(UnstorableEventError, match="protocol event"):
+            world.record_run_event("run_b", event_class, wait_id="review", signal="review")
+    with pytest.raises(ToolError, match="requires_approval must be True or False"):
+        tool(lookup.fn, requires_approval="yes")  # type: ignore[call-overload]
+    with pytest.raises(ToolError, match="approval_timeout needs requires_approval"):
+        tool(lookup.fn, approval_timeout=5)
+    with pytest.raises(ToolError, match="timeout"):
+        ask_human(timeout=0)

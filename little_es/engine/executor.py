@@ -44,6 +44,15 @@ it is spent, ``BudgetExceeded`` is recorded as the run's outcome and
 :class:`~little_es.errors.BudgetExceededError` propagates, the step left in
 flight so a resume with a larger budget continues its session.
 
+A wait (a ``wait_for`` step, an ``ask_human`` call, a tool that requires approval:
+:meth:`StepExecutor.await_signal`) is a stop on purpose too: ``RunWaiting`` is recorded
+once and :class:`~little_es.errors.RunWaitingError` propagates, the step in flight, until
+a ``SignalReceived`` (appended by another process, :meth:`~little_es.world.World.signal`)
+gives the step its output or the call its answer; a deadline that passed first records
+``WaitTimedOut`` (:class:`~little_es.errors.WaitTimedOutError`). The local engine stops
+the run; the Temporal adapter's workflow waits on a Temporal signal and runs the same
+attempt again.
+
 Parallel groups (:meth:`~StepExecutor.schedule_group`,
 :meth:`~StepExecutor.complete_group`), sub-runs (:meth:`~StepExecutor.sub_run`),
 and the run's start, end and failure (:func:`open_run`,
