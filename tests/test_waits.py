@@ -552,3 +552,14 @@ def test_a_signal_cannot_be_recorded_around_its_checks(world: World) -> None:
         tool(lookup.fn, approval_timeout=5)
     with pytest.raises(ToolError, match="timeout"):
         ask_human(timeout=0)
+
+
+def test_a_session_pins_what_its_tools_wait_for_and_others_keep_their_manifest() -> None:
+    from little_es.harness.manifest import compute_manifest
+
+    model = _ops_model()
+    manifest, _ = compute_manifest(model, [lookup, deploy, ask_human()], None, None, 20)
+    tools = {t["name"]: t for t in manifest["tools"]}  # type: ignore[union-attr,index]
+    assert "waits" not in tools["lookup"]  # as before durable waits: old sessions resume
+    assert tools["deploy"]["waits"]["kind"] == "approval"  # type: ignore[index]
+    assert tools["ask_human"]["waits"]["signal"] == "human"  # type: ignore[index]
