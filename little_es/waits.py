@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import sys
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, Literal
 
 import orjson
@@ -125,12 +123,10 @@ def check_model(what: str, model: object) -> type[BaseModel]:
 
 
 def import_model(ref: str) -> type[BaseModel]:
-    """The pydantic model class ``module:qualname`` names (the current directory is
-    importable, as for ``little resume --workflow``); raises
-    :class:`~little_es.errors.SignalDataError` when it cannot be imported."""
+    """The pydantic model class ``module:qualname`` names; raises
+    :class:`~little_es.errors.SignalDataError` when it cannot be imported (``little
+    signal`` makes the current directory importable first, as ``little resume`` does)."""
     module_name, _, qualname = ref.partition(":")
-    if str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
     try:
         found: Any = importlib.import_module(module_name)
         for part in qualname.split("."):

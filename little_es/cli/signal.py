@@ -13,8 +13,10 @@ point group :data:`SIGNAL_GROUP`, so the core never imports it) and goes on by i
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Callable, Coroutine
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Annotated, Any, cast
 
 import orjson
@@ -98,6 +100,9 @@ def signal_command(
     except orjson.JSONDecodeError as exc:
         raise SignalDataError(f"--data is not JSON: {exc}") from exc
     options: dict[str, str | None] = {"digest": digest, "signal_id": signal_id, "wait_id": wait}
+    # The wait's model is imported by its module:qualname, from here as for `little resume`.
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
     with inspection_world(world) as w:
         if temporal is not None:
             event = asyncio.run(
