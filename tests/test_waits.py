@@ -563,3 +563,17 @@ def test_a_session_pins_what_its_tools_wait_for_and_others_keep_their_manifest()
     assert "waits" not in tools["lookup"]  # as before durable waits: old sessions resume
     assert tools["deploy"]["waits"]["kind"] == "approval"  # type: ignore[index]
     assert tools["ask_human"]["waits"]["signal"] == "human"  # type: ignore[index]
+
+
+def test_the_web_page_of_a_waiting_run_says_what_it_waits_for(world: World) -> None:
+    from little_es.ui.html import run_body
+    from little_es.ui.pages import run_page, runs_list
+
+    deployed.clear()
+    with pytest.raises(RunWaitingError):
+        _run(world, _agent_flow(_ops_model()), "run_web")
+    body = run_body(run_page(world, "run_web"))
+    assert 'class="waiting">waiting in step ops for signal human' in body
+    assert "which env?" in body
+    assert "little signal run_web human --data" in body
+    assert [r.run_id for r in runs_list(world, "waiting")] == ["run_web"]
