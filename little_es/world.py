@@ -71,6 +71,7 @@ from little_es.errors import (
     AggregateConflictError,
     ConcurrencyConflictError,
     EventLogError,
+    EventPayloadError,
     LogTamperedError,
     NoSuchWaitError,
     PricingError,
@@ -869,6 +870,9 @@ class World:
             )
             try:
                 self.save(run)
+            except EventPayloadError as exc:
+                # Valid for the model, not for the log (NaN, infinities): refused, unrecorded.
+                raise SignalDataError(f"{where}: {exc}") from exc
             except ConcurrencyConflictError:
                 # The driver (or another sender) appended first: decide again on the stream
                 # as it is now; a second signal for the wait is then refused as a duplicate.

@@ -62,6 +62,10 @@ class Decision(BaseModel):
     note: str = ""
 
 
+class Measure(BaseModel):
+    value: float
+
+
 class OtherDecision(BaseModel):
     approved: bool
     reviewer: str
@@ -164,6 +168,7 @@ def test_a_signal_that_does_not_validate_is_refused_with_nothing_recorded(world:
         world.signal("run_nowhere", "review", {"approved": True})
     with pytest.raises(SignalError):
         world.signal("run_v", "", {"approved": True})
+
     assert len(_events(world, "run_v")) == before
     assert replay_run(world, "run_v").state.status == "waiting"
 
@@ -577,3 +582,16 @@ def test_the_web_page_of_a_waiting_run_says_what_it_waits_for(world: World) -> N
     assert "which env?" in body
     assert "little signal run_web human --data" in body
     assert [r.run_id for r in runs_list(world, "waiting")] == ["run_web"]
+
+
+def test_data_the_model_takes_but_json_cannot_hold_is_refused_unrecorded(world: World) -> None:
+    wf = Workflow("measure", steps=[wait_for("m", model=Measure)])
+    with pytest.raises(RunWaitingError):
+        _run(world, wf, "run_m")
+    before = len(_events(world, "run_m"))
+    for bad in (float("nan"), float("inf"), "1e999"):
+        with pytest.raises(SignalDataError, match="JSON cannot hold"):
+            world.signal("run_m", "m", {"value": bad})
+    assert len(_events(world, "run_m")) == before
+    world.signal("run_m", "m", {"value": "2.5"})
+    assert _run(world, wf, "run_m").output == {"value": 2.5}
