@@ -13,7 +13,7 @@ to find which streams a refusal came from.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict
@@ -94,17 +94,26 @@ class VerifyReport(BaseModel):
         )
 
 
-def verify_world(world: World, run_id: str | None = None) -> VerifyReport:
+def verify_world(
+    world: World,
+    run_id: str | None = None,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+) -> VerifyReport:
     """Check one run (with its sessions and sub-runs) or, without ``run_id``, the whole world.
 
     Raises :class:`~little_es.errors.RunNotFoundError` when ``run_id`` has no
     stream and no head in the world; every other finding is in the report.
+    ``progress``, when given, is called with (streams checked, streams to check)
+    as a whole-world check goes (``little verify --all`` shows it as a bar).
     """
     if not isinstance(world, World):
         raise TypeError(
             f"verify_world needs a World (from open_world()), got {type(world).__name__}"
         )
-    checker = _Checker(world)
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress must be a callable(done, total), got {progress!r}")
+    checker = _Checker(world, progress)
     if run_id is None:
         checker.check_all()
     else:
@@ -124,8 +133,9 @@ def verify_world(world: World, run_id: str | None = None) -> VerifyReport:
 
 
 class _Checker:
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: World, progress: Callable[[int, int], None] | None) -> None:
         self.world = world
+        self.progress = progress
         self.streams: dict[UUID, StreamCheck] = {}
         self.artifacts: dict[tuple[str, str, str], ArtifactCheck] = {}
 
@@ -133,8 +143,11 @@ class _Checker:
         in_log = dict.fromkeys(_streams_in_log(self.world))
         # A head without rows is a stream deleted whole: check those too.
         headed = [s for s in self.world.backend.stream_heads() if s not in in_log]
-        for stream_id in [*in_log, *headed]:
+        every = [*in_log, *headed]
+        for done, stream_id in enumerate(every, start=1):
             self.check_stream(stream_id, owner=None)
+            if self.progress is not None:
+                self.progress(done, len(every))
 
     def check_run(self, run_id: str) -> None:
         events = self.check_stream(run_stream_id(run_id), owner=run_id)
