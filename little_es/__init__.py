@@ -14,6 +14,7 @@ from little_es.errors import (
     AggregateArgumentError,
     AggregateConflictError,
     AggregateNotFoundError,
+    ApprovalDeniedError,
     ArtifactError,
     ArtifactIntegrityError,
     ArtifactMismatchError,
@@ -39,6 +40,7 @@ from little_es.errors import (
     MissingExtraError,
     ModelConfigError,
     ModelError,
+    NoSuchWaitError,
     OrchestratorContextError,
     OuterLoopMismatchError,
     OuterLoopNotFoundError,
@@ -56,7 +58,12 @@ from little_es.errors import (
     RunStateError,
     RunStoppedError,
     RuntimeIntegrityError,
+    RunWaitingError,
     SessionInputError,
+    SignalConsumedError,
+    SignalDataError,
+    SignalError,
+    StaleApprovalError,
     StepExecutionError,
     SubRunFailedError,
     ToolArgumentsError,
@@ -66,6 +73,7 @@ from little_es.errors import (
     UnknownStepError,
     UnstorableEventError,
     VisitLimitError,
+    WaitTimedOutError,
     WorkflowChangedError,
     WorkflowDefinitionError,
     WorkflowRefError,
@@ -98,8 +106,10 @@ from little_es.events import (
     RunForked,
     RunResumed,
     RunStarted,
+    RunWaiting,
     SessionCompleted,
     SessionStarted,
+    SignalReceived,
     StepCompleted,
     StepFailed,
     StepStarted,
@@ -107,17 +117,19 @@ from little_es.events import (
     ToolCallFailed,
     ToolCallStarted,
     ToolCallSucceeded,
+    WaitTimedOut,
     WorkflowAdopted,
 )
 from little_es.fork import fork_points, fork_run
 from little_es.harness.model import Model, ScriptedModel, ScriptedReply
 from little_es.harness.session import SessionOutcome, run_agent_session
-from little_es.harness.tools import Tool, ToolContext, resolve_tools, tool
+from little_es.harness.tools import Tool, ToolContext, ask_human, resolve_tools, tool
 from little_es.ids import new_run_id, validate_run_id
 from little_es.logging import configure_logging, get_logger
 from little_es.materialize import (
     MaterializedRunState,
     StepState,
+    WaitState,
     apply,
     materialize_run_state,
 )
@@ -150,7 +162,7 @@ from little_es.pricing import (
     register_model_price,
     unregister_model_price,
 )
-from little_es.projections import list_runs
+from little_es.projections import list_runs, list_waits
 from little_es.replay import ReplayPlanStep, ReplayResult, replay_run
 from little_es.totals import run_tree_totals
 from little_es.values import (
@@ -169,13 +181,16 @@ from little_es.values import (
     UsageTotals,
 )
 from little_es.verify import VerifyReport, verify_world
+from little_es.waits import Approval, HumanAnswer
 from little_es.workflow.authoring import (
+    WaitStep,
     Workflow,
     agent,
     decision,
     parallel,
     subworkflow,
     task,
+    wait_for,
 )
 from little_es.workflow.context import StepContext
 from little_es.workflow.ir import END, RetryPolicy
@@ -187,6 +202,8 @@ __all__ = [
     "AggregateArgumentError",
     "AggregateConflictError",
     "AggregateNotFoundError",
+    "Approval",
+    "ApprovalDeniedError",
     "ArtifactError",
     "ArtifactIntegrityError",
     "ArtifactMismatchError",
@@ -213,6 +230,7 @@ __all__ = [
     "ForkedSession",
     "HarnessEvent",
     "HarnessSession",
+    "HumanAnswer",
     "HydratedArtifact",
     "InvalidBranchSetError",
     "InvalidRunIdError",
@@ -237,6 +255,7 @@ __all__ = [
     "ModelRequest",
     "ModelResponded",
     "ModelResponse",
+    "NoSuchWaitError",
     "OrchestratorContextError",
     "OuterLoop",
     "OuterLoopCompleted",
@@ -284,6 +303,8 @@ __all__ = [
     "RunStoppedError",
     "RunSummary",
     "RunTree",
+    "RunWaiting",
+    "RunWaitingError",
     "RunsProjectionError",
     "RuntimeIntegrityError",
     "ScriptedModel",
@@ -292,6 +313,11 @@ __all__ = [
     "SessionInputError",
     "SessionOutcome",
     "SessionStarted",
+    "SignalConsumedError",
+    "SignalDataError",
+    "SignalError",
+    "SignalReceived",
+    "StaleApprovalError",
     "StepAggregates",
     "StepCompleted",
     "StepContext",
@@ -319,6 +345,10 @@ __all__ = [
     "UsageTotals",
     "VerifyReport",
     "VisitLimitError",
+    "WaitState",
+    "WaitStep",
+    "WaitTimedOut",
+    "WaitTimedOutError",
     "Workflow",
     "WorkflowAdopted",
     "WorkflowChangedError",
@@ -329,6 +359,7 @@ __all__ = [
     "WorldIntegrityError",
     "agent",
     "apply",
+    "ask_human",
     "cancel_run",
     "check_leases",
     "configure_logging",
@@ -340,6 +371,7 @@ __all__ = [
     "list_outer_loops",
     "list_runs",
     "list_sub_runs",
+    "list_waits",
     "load_outer_loop",
     "local_world",
     "loop_view",
@@ -368,4 +400,5 @@ __all__ = [
     "unregister_model_price",
     "validate_run_id",
     "verify_world",
+    "wait_for",
 ]

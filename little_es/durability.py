@@ -56,6 +56,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
@@ -82,15 +83,18 @@ from little_es.events import (
     RunFailed,
     RunResumed,
     RunStarted,
+    RunWaiting,
     StepCompleted,
     StepFailed,
     StepKind,
     StepStarted,
     SubRunReserved,
+    WaitTimedOut,
     WorkflowAdopted,
 )
-from little_es.materialize import RunFold
+from little_es.materialize import RunFold, WaitState
 from little_es.values import ArtifactRef, Budget, ErrorInfo
+from little_es.waits import WaitRequest, model_ref, schema_digest
 from little_es.world import World
 
 OUTPUT_INLINE_LIMIT = 64 * 1024
@@ -400,6 +404,34 @@ class RunRecorder:
             ir_hash=ir_hash,
             previous_workflow_version=self.fold.workflow_version or "",
             previous_ir_hash=self.fold.ir_hash or "",
+        )
+
+    def run_waiting(self, request: WaitRequest, deadline: datetime | None) -> WaitState:
+        """Commit ``RunWaiting``: the run waits for ``request``'s signal; return the wait."""
+        self._commit(
+            RunWaiting,
+            wait_id=request.wait_id,
+            step_path=request.step_path,
+            kind=request.kind,
+            signal=request.signal,
+            model_ref=model_ref(request.model),
+            schema_digest=schema_digest(request.model),
+            deadline=deadline,
+            action=request.action,
+            action_digest=request.action_digest,
+            question=request.question,
+        )
+        return self.fold.waits[request.wait_id]
+
+    def wait_timed_out(self, wait: WaitState) -> None:
+        """Commit ``WaitTimedOut``: ``wait``'s deadline passed before its signal came."""
+        assert wait.deadline is not None
+        self._commit(
+            WaitTimedOut,
+            wait_id=wait.wait_id,
+            step_path=wait.step_path,
+            signal=wait.signal,
+            deadline=wait.deadline,
         )
 
     def run_resumed(self) -> None:

@@ -49,7 +49,14 @@ handle a family::
     │   └── EngineUnsupportedError           a step or tool cannot run on this engine
     ├── RunStoppedError                      the run was stopped on purpose; resumable
     │   ├── RunCancelledError                `little cancel` / cancel_run
-    │   └── BudgetExceededError              the next model call would start past a budget
+    │   ├── BudgetExceededError              the next model call would start past a budget
+    │   ├── RunWaitingError                  the run waits for a signal (a person, a system)
+    │   └── WaitTimedOutError                a wait's deadline passed before its signal came
+    ├── SignalError (ValueError)             a signal the run cannot take; nothing recorded
+    │   ├── SignalDataError                  its data does not validate against the model
+    │   ├── NoSuchWaitError (LookupError)    the run does not wait for this signal
+    │   ├── SignalConsumedError              a duplicate: the wait took another signal first
+    │   └── StaleApprovalError               an approval of another action (digest)
     ├── RuntimeIntegrityError                the log and the code disagree: nothing runs
     │   ├── WorkflowChangedError
     │   ├── ArtifactMismatchError
@@ -65,7 +72,8 @@ handle a family::
     ├── ModelError                           a model provider call failed
     ├── MissingExtraError (ImportError)      an integration's optional extra is not installed
     └── ToolError
-        └── ToolArgumentsError (ValueError)
+        ├── ToolArgumentsError (ValueError)
+        └── ApprovalDeniedError              a person declined a tool call (shown to the model)
 
 The Temporal adapter's own errors (``little_es_temporal.errors``) derive from
 :class:`LittleEsError` too.
@@ -434,6 +442,67 @@ class BudgetExceededError(RunStoppedError):
         )
 
 
+class RunWaitingError(RunStoppedError):
+    """The run waits for a signal (``RunWaiting`` is in its log); its driver stopped cleanly.
+
+    Not a failure: the waiting step (or tool call) stays in flight, and the
+    process may exit. Send the signal (``world.signal``, ``little signal``) and
+    resume the run: it continues from the wait with the signal's data.
+    ``waits`` holds ``(signal, step_path, wait_id)`` of each wait.
+    """
+
+    def __init__(self, run_id: str, waits: tuple[tuple[str, str, str], ...]) -> None:
+        self.waits = waits
+        what = ", ".join(f"signal {s!r} at step {p!r}" for s, p, _ in waits)
+        first = waits[0][0] if waits else "NAME"
+        super().__init__(
+            run_id,
+            f"run {run_id!r} waits for {what}: send it with `little signal {run_id} {first}"
+            f" --data JSON` (or world.signal(...)), then resume the run; nothing was recorded"
+            " as a failure",
+        )
+
+
+class WaitTimedOutError(RunStoppedError):
+    """A wait's deadline passed before its signal came: recorded as ``WaitTimedOut``, the
+    run's own outcome (status ``timed_out``), not a failure of the step."""
+
+    def __init__(self, run_id: str, *, signal: str, step_path: str, deadline: str) -> None:
+        self.signal = signal
+        self.step_path = step_path
+        self.deadline = deadline
+        super().__init__(
+            run_id,
+            f"run {run_id!r} stopped at step {step_path!r}: its wait for signal {signal!r}"
+            f" timed out at {deadline}; a signal is no longer taken (fork or re-run it to try"
+            " again)",
+        )
+
+
+class SignalError(LittleEsError, ValueError):
+    """A signal the run cannot take; nothing was recorded (see the message)."""
+
+
+class SignalDataError(SignalError):
+    """The signal's data does not validate against the wait's declared pydantic model (or the
+    model cannot be imported, or changed since the wait was recorded)."""
+
+
+class NoSuchWaitError(SignalError, LookupError):
+    """The run does not wait for a signal of this name (it is not waiting, or waits for
+    another one)."""
+
+
+class SignalConsumedError(SignalError):
+    """A duplicate: the wait this signal names already took a signal (named in the message),
+    or a signal with this ``signal_id`` was recorded before. A wait takes one signal, once."""
+
+
+class StaleApprovalError(SignalError):
+    """The signal names the digest of another action than the one the run waits to have
+    approved (the run asks about something else now): refused as stale."""
+
+
 # ------------------------------ integrity: the log and the code disagree
 
 
@@ -538,3 +607,8 @@ class ToolArgumentsError(ToolError, ValueError):
         super().__init__(message)
         self.tool = tool
         self.fields = fields
+
+
+class ApprovalDeniedError(ToolError):
+    """A person declined a tool call that needed approval: the call's failure, shown to the
+    model, which may try something else."""

@@ -11,7 +11,8 @@ Four kinds of stream (aggregates, see :mod:`little_es.domain`) carry these event
   :class:`StepFailed`, :class:`ParallelBranchScheduled`,
   :class:`SubRunReserved`, :class:`RunCompleted`, :class:`RunFailed`,
   :class:`RunCancelled`, :class:`BudgetSet`, :class:`BudgetExceeded`,
-  :class:`RunResumed`, and user-defined subclasses of :class:`RunEvent`.
+  :class:`RunResumed`, :class:`RunWaiting`, :class:`SignalReceived`,
+  :class:`WaitTimedOut`, and user-defined subclasses of :class:`RunEvent`.
 * ``HarnessSession`` (one per attempt of an agent step) - the ``harness.*``
   events.
 * ``OuterLoop`` - the ``outer_loop.*`` events.
@@ -131,7 +132,7 @@ def registered_wire_names() -> tuple[str, ...]:
 # --------------------------------------------------------------------------- Run
 
 
-StepKind = Literal["task", "agent", "parallel", "decision", "subworkflow"]
+StepKind = Literal["task", "agent", "parallel", "decision", "subworkflow", "wait"]
 
 
 class RunEvent(Event):
@@ -286,6 +287,63 @@ class RunResumed(RunEvent):
     wire_name: ClassVar[str] = "RunResumed"
 
     previous_status: str
+
+
+class RunWaiting(RunEvent):
+    """The run waits for a signal (a person, another system) at ``step_path``; its driver
+    stops cleanly and the process may exit.
+
+    ``model_ref`` names the pydantic model the signal's data must validate against
+    (``module:qualname``) and ``schema_digest`` pins its JSON schema. For a tool call
+    (``ask_human``, a tool that requires approval) ``action`` is what is asked about
+    (the tool and its recorded arguments) and ``action_digest`` its digest: an approval
+    naming another digest is refused as stale.
+    """
+
+    wire_name: ClassVar[str] = "RunWaiting"
+
+    wait_id: str = Field(min_length=1)
+    step_path: str
+    kind: Literal["step", "ask_human", "approval"]
+    signal: str = Field(min_length=1)
+    model_ref: str = Field(min_length=1)
+    schema_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    deadline: datetime | None = None
+    action: dict[str, JSONValue] | None = None
+    action_digest: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    question: str | None = None
+
+
+class SignalReceived(RunEvent):
+    """A signal for the wait ``wait_id``, its data validated against the wait's model.
+
+    Appended by the process that sends it (``little signal``, ``world.signal``), not by
+    the driver; a wait takes one, once. The next driver continues from the wait with
+    ``data`` as the step's output (or the tool call's result).
+    """
+
+    wire_name: ClassVar[str] = "SignalReceived"
+
+    wait_id: str = Field(min_length=1)
+    signal: str = Field(min_length=1)
+    data: JSONValue = None
+    signal_id: str = Field(min_length=1)
+    """Given by the sender (a webhook's delivery id) or made up: a second signal with the
+    same id is refused, naming this one."""
+    sent_by: str | None = None
+    action_digest: str | None = None
+
+
+class WaitTimedOut(RunEvent):
+    """A wait's deadline passed before its signal came: the run's own outcome
+    (status ``timed_out``), not a failure of the step."""
+
+    wire_name: ClassVar[str] = "WaitTimedOut"
+
+    wait_id: str = Field(min_length=1)
+    step_path: str
+    signal: str
+    deadline: datetime
 
 
 # ------------------------------------------------------------------ HarnessSession

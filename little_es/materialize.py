@@ -55,8 +55,10 @@ from little_es.events import (
     RunForked,
     RunResumed,
     RunStarted,
+    RunWaiting,
     SessionCompleted,
     SessionStarted,
+    SignalReceived,
     StepCompleted,
     StepFailed,
     StepKind,
@@ -65,6 +67,7 @@ from little_es.events import (
     ToolCallFailed,
     ToolCallStarted,
     ToolCallSucceeded,
+    WaitTimedOut,
     WorkflowAdopted,
 )
 from little_es.values import (
@@ -80,9 +83,47 @@ from little_es.values import (
 from little_es.workflow.paths import visit_key
 
 StepStatus = Literal["pending", "running", "completed", "failed"]
-RunStatus = Literal["pending", "running", "completed", "failed", "cancelled", "budget_exceeded"]
+RunStatus = Literal[
+    "pending",
+    "running",
+    "completed",
+    "failed",
+    "cancelled",
+    "budget_exceeded",
+    "waiting",
+    "timed_out",
+]
 """``cancelled`` (``RunCancelled``) and ``budget_exceeded`` (``BudgetExceeded``) are stops on
-purpose, not failures: the run resumes from where it stopped (see ``RunResumed``)."""
+purpose, not failures: the run resumes from where it stopped (see ``RunResumed``).
+``waiting`` (``RunWaiting``): the run waits for a signal; once every open wait has its
+signal it is ``running`` again (resume it). ``timed_out`` (``WaitTimedOut``): a wait's
+deadline passed first."""
+
+WaitStatus = Literal["waiting", "signalled", "timed_out"]
+
+
+class WaitState(BaseModel):
+    """One wait of the run (``RunWaiting``) and what became of it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    wait_id: str
+    step_path: str
+    kind: Literal["step", "ask_human", "approval"]
+    signal: str
+    model_ref: str
+    schema_digest: str
+    status: WaitStatus = "waiting"
+    since: datetime | None = None
+    deadline: datetime | None = None
+    action: JSONValue = None
+    action_digest: str | None = None
+    question: str | None = None
+    data: JSONValue = None
+    """The signal's data (validated against the model), once signalled."""
+    signal_id: str | None = None
+    signalled_at: datetime | None = None
+    signalled_by: str | None = None
 
 
 def visit_counter(step_path: str) -> str:
@@ -146,6 +187,8 @@ class MaterializedRunState(BaseModel):
     """The run's budget (the latest ``BudgetSet``), over it and its sub-runs."""
     steps: Mapping[str, StepState] = FrozenDict()
     """Per step path, in the order the steps were first started."""
+    waits: Mapping[str, WaitState] = FrozenDict()
+    """Every wait of the run (``RunWaiting``) by wait id, in the order they were recorded."""
     visits: Mapping[str, int] = FrozenDict()
     """Committed visits per (step id, branch path), see :func:`visit_counter`."""
     parallel_groups: Mapping[str, tuple[str, ...]] = FrozenDict()
@@ -326,6 +369,7 @@ class RunFold:
     budget: Budget | None = None
     forked_from: ForkOrigin | None = None
     steps: dict[str, StepFold] = field(default_factory=dict)
+    waits: dict[str, WaitState] = field(default_factory=dict)
     visits: dict[str, int] = field(default_factory=dict)
     parallel_groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
     pending_decision_target: str | None = None
@@ -371,6 +415,7 @@ class RunFold:
             stopped_step_path=state.stopped_step_path,
             budget=state.budget,
             forked_from=state.forked_from,
+            waits=dict(state.waits),
             visits=dict(state.visits),
             parallel_groups=dict(state.parallel_groups),
             pending_decision_target=state.pending_decision_target,
@@ -441,6 +486,7 @@ class RunFold:
             budget=self.budget,
             forked_from=self.forked_from,
             steps=_frozen_steps(self.steps),
+            waits=_frozen_waits(self.waits),
             visits=FrozenDict(self.visits),
             parallel_groups=FrozenDict(self.parallel_groups),
             pending_decision_target=self.pending_decision_target,
@@ -460,6 +506,12 @@ COUNTED_ONLY: frozenset[type[Event]] = frozenset(
 need not decode (see ``skipped`` in :func:`materialize_run_state`).
 ``harness.session.completed`` is one: its usage is a rollup of the same
 ``harness.model.responded`` events and is never folded."""
+
+
+def _frozen_waits(waits: dict[str, WaitState]) -> FrozenDict[str, WaitState]:
+    view: FrozenDict[str, WaitState] = FrozenDict()
+    dict.update(view, waits)  # WaitStates are frozen already
+    return view
 
 
 def _frozen_steps(steps: dict[str, StepFold]) -> FrozenDict[str, StepState]:
@@ -560,7 +612,9 @@ def apply(state: RunFold, event: Event) -> RunFold:
             state.stop_reason = f"{event.scope} has spent {event.spent}"
             state.stopped_step_path = event.step_path
         case RunResumed():
-            state.status = "running"
+            # A run cancelled while it waited still waits once resumed.
+            waiting = any(w.status == "waiting" for w in state.waits.values())
+            state.status = "waiting" if waiting else "running"
             state.stop_reason = None
             state.stopped_step_path = None
         case RunForked():
@@ -568,6 +622,50 @@ def apply(state: RunFold, event: Event) -> RunFold:
         case WorkflowAdopted():
             state.workflow_version = event.workflow_version
             state.ir_hash = event.ir_hash
+        case RunWaiting():
+            state.waits[event.wait_id] = WaitState(
+                wait_id=event.wait_id,
+                step_path=event.step_path,
+                kind=event.kind,
+                signal=event.signal,
+                model_ref=event.model_ref,
+                schema_digest=event.schema_digest,
+                since=event.timestamp,
+                deadline=event.deadline,
+                action=event.action,
+                action_digest=event.action_digest,
+                question=event.question,
+            )
+            if state.status not in ("completed", "cancelled"):
+                state.status = "waiting"
+        case SignalReceived():
+            found = state.waits.get(event.wait_id)
+            if found is not None and found.status == "waiting":
+                state.waits[event.wait_id] = found.model_copy(
+                    update={
+                        "status": "signalled",
+                        "data": event.data,
+                        "signal_id": event.signal_id,
+                        "signalled_at": event.timestamp,
+                        "signalled_by": event.sent_by,
+                    }
+                )
+            if state.status == "waiting" and not any(
+                w.status == "waiting" for w in state.waits.values()
+            ):
+                # Every open wait has its signal: the run goes on at its next resume.
+                state.status = "running"
+        case WaitTimedOut():
+            found = state.waits.get(event.wait_id)
+            if found is not None:
+                state.waits[event.wait_id] = found.model_copy(update={"status": "timed_out"})
+            if state.status != "completed":
+                state.status = "timed_out"
+                state.stop_reason = (
+                    f"the wait for signal {event.signal!r} timed out at"
+                    f" {event.deadline.isoformat()}"
+                )
+                state.stopped_step_path = event.step_path
         case _:
             pass
     return state

@@ -46,12 +46,13 @@ from little_es.backends.base import RunSummary, RunsView
 from little_es.codec import PydanticMapper
 from little_es.errors import EventLogError, RunsProjectionError
 from little_es.events import Event, RunStarted, StepStarted
-from little_es.materialize import RunFold, apply
+from little_es.materialize import RunFold, WaitState, apply
 from little_es.world import World
 
 __all__ = [
     "RunsProjection",
     "list_runs",
+    "list_waits",
 ]
 
 _PAGE_SIZE = 1000
@@ -176,3 +177,19 @@ def list_runs(world: World) -> tuple[RunSummary, ...]:
     projection = RunsProjection(world)
     projection.catch_up()
     return projection.runs()
+
+
+def list_waits(world: World) -> tuple[tuple[str, WaitState], ...]:
+    """``(run_id, wait)`` of every open wait (``RunWaiting`` without its signal) of every
+    waiting run of ``world`` (``little runs --waiting``), from the runs read model."""
+    projection = RunsProjection(world)
+    projection.catch_up()
+    found: list[tuple[str, WaitState]] = []
+    for run in projection.runs():
+        if run.status != "waiting":
+            continue
+        state = projection.view.load_state(run.run_id)
+        if state is None:
+            continue
+        found.extend((run.run_id, w) for w in state.waits.values() if w.status == "waiting")
+    return tuple(found)

@@ -49,11 +49,13 @@ from little_es.events import (
     Event,
     ModelPriceSet,
     RunCancelled,
+    RunWaiting,
     StepCompleted,
     StepFailed,
     StepStarted,
+    WaitTimedOut,
 )
-from little_es.materialize import MaterializedRunState
+from little_es.materialize import MaterializedRunState, WaitState
 from little_es.orchestrator import RunTree, SubRunSummary, list_sub_runs, run_tree, sum_usage
 from little_es.outer_loop import cycle_cost, list_outer_loops, load_outer_loop, loop_totals
 from little_es.replay import ReplayResult, read_run_state
@@ -91,6 +93,8 @@ STATUS_STYLES: Mapping[str, str] = MappingProxyType(
         "cancelled": "bright_black",
         "budget_exceeded": "dark_orange",
         "abandoned": "bright_black",
+        "waiting": "blue",
+        "timed_out": "dark_orange",
         "done": "green",
     }
 )
@@ -227,6 +231,18 @@ def render_report(world: World, run_id: str, console: Console) -> MaterializedRu
             f"{status_text('budget_exceeded')}{at}: {escape(state.stop_reason or '')} · resume"
             " with a larger budget"
         )
+    elif state.status == "timed_out":
+        at = f" in step {escape(state.stopped_step_path)}" if state.stopped_step_path else ""
+        console.print(f"{status_text('timed_out')}{at}: {escape(state.stop_reason or '')}")
+    for wait in state.waits.values():
+        if wait.status == "waiting":
+            console.print(
+                f"{status_text('waiting')} in step {escape(wait.step_path)} for signal"
+                f" {escape(wait.signal)}"
+                + (f" (until {_when(wait.deadline)})" if wait.deadline else "")
+                + f": {escape(signal_command_text(run_id, wait))}",
+                soft_wrap=True,
+            )
     return state
 
 
@@ -686,6 +702,10 @@ class StepBoard:
             for path, (status, _) in self.rows.items():
                 if status == "running":
                     self.rows[path] = ("cancelled", (event.reason or "")[:60])
+        elif isinstance(event, RunWaiting):
+            self.rows[event.step_path] = ("waiting", f"for signal {event.signal}"[:60])
+        elif isinstance(event, WaitTimedOut):
+            self.rows[event.step_path] = ("timed_out", f"signal {event.signal}"[:60])
 
     def recorded(self, events: Sequence[Event]) -> None:
         """Show what a run's log already holds, before this process drives it on: the
@@ -803,3 +823,64 @@ def render_loop_report(
             if world.run_exists(run_id):
                 render_tree(world, run_id, console)
     return loop
+
+
+def signal_command_text(run_id: str, wait: WaitState) -> str:
+    """The ``little signal`` command that answers ``wait`` (its data left to fill in)."""
+    digest = (
+        f" --digest {wait.action_digest[:16]}"
+        if wait.kind == "approval" and wait.action_digest
+        else ""
+    )
+    example = {
+        "approval": """'{"approved": true}'""",
+        "ask_human": """'{"answer": "..."}'"""
+        if wait.model_ref.endswith(":HumanAnswer")
+        else "JSON",
+    }.get(wait.kind, "JSON")
+    return f"little signal {run_id} {wait.signal} --data {example}{digest}"
+
+
+def _asked(wait: WaitState) -> str:
+    if wait.question:
+        return wait.question
+    if isinstance(wait.action, Mapping):
+        args = orjson.dumps(wait.action.get("args"), option=orjson.OPT_SORT_KEYS).decode()
+        return f"{wait.action.get('tool')}({args})"
+    return ""
+
+
+def render_waits(waits: Sequence[tuple[str, WaitState]], world_name: str, console: Console) -> None:
+    """Print the open waits of the world's runs (``little runs --waiting``): what each run
+    waits for, since when, until when, and the command that sends the signal."""
+    if not waits:
+        console.print(f"no run waits in world {escape(world_name)}")
+        return
+    table = Table(title=f"waiting runs in {escape(world_name)}", box=box.SIMPLE_HEAD)
+    table.add_column("run", no_wrap=True)
+    table.add_column("step", no_wrap=True)
+    table.add_column("signal", no_wrap=True)
+    table.add_column("kind", no_wrap=True)
+    table.add_column("asks", overflow="fold", ratio=1)
+    table.add_column("since", no_wrap=True)
+    table.add_column("deadline", no_wrap=True)
+    for run_id, wait in waits:
+        table.add_row(
+            escape(run_id),
+            escape(wait.step_path),
+            escape(wait.signal),
+            wait.kind,
+            escape(_asked(wait)),
+            _when(wait.since),
+            _when(wait.deadline) or "-",
+        )
+    console.print(table)
+    for run_id, wait in waits:
+        model = wait.model_ref.rpartition(":")[2]
+        digest = f", action digest {wait.action_digest}" if wait.action_digest else ""
+        console.print(
+            f"{escape(run_id)} {escape(wait.step_path)}: data {escape(model)}{digest}",
+            soft_wrap=True,
+            highlight=False,
+        )
+        console.print(f"  {escape(signal_command_text(run_id, wait))}", soft_wrap=True)

@@ -23,6 +23,7 @@ import gc
 import heapq
 import os
 import re
+import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -35,6 +36,7 @@ from typing import Any, ClassVar, Literal, NamedTuple, TypeVar
 from urllib.parse import parse_qs, unquote, urlsplit
 from uuid import UUID, uuid4
 
+import orjson
 from eventsourcing.application import Application
 from eventsourcing.persistence import IntegrityError, StoredEvent
 from eventsourcing.utils import Environment, EnvType, get_topic
@@ -69,9 +71,15 @@ from little_es.errors import (
     AggregateConflictError,
     ConcurrencyConflictError,
     EventLogError,
+    EventPayloadError,
     LogTamperedError,
+    NoSuchWaitError,
     PricingError,
     RunNotFoundError,
+    SignalConsumedError,
+    SignalDataError,
+    SignalError,
+    StaleApprovalError,
     UnknownEventTypeError,
     UnstorableEventError,
     WorldConfigError,
@@ -84,6 +92,7 @@ from little_es.events import (
     ModelPriceSet,
     OuterLoopStarted,
     RunEvent,
+    SignalReceived,
     Snapshot,
     StepStarted,
     WorldCreated,
@@ -98,13 +107,14 @@ from little_es.ids import (
     validate_run_id,
     world_stream_id,
 )
-from little_es.materialize import MaterializedRunState, materialize_run_state
+from little_es.materialize import MaterializedRunState, WaitState, materialize_run_state
 from little_es.pricing import (
     checked_price,
     normalized_model_key,
     price_usage_picodollars,
 )
 from little_es.values import Pricer, Usage
+from little_es.waits import import_model, validate_signal_data
 
 WORLD_ENV_VAR = "LITTLE_ES_WORLD"
 DEFAULT_DATA_DIR = ".little-workflow"
@@ -376,6 +386,113 @@ class _BookPricer:
                 self._took(book)
                 return event
         raise AssertionError("unreachable")  # pragma: no cover
+
+
+_SIGNAL_ATTEMPTS = 50
+_HEX = re.compile(r"[0-9a-f]+")
+
+
+def _hostname() -> str:
+    return socket.gethostname()
+
+
+def _wait_for_signal(
+    run_id: str,
+    status: str,
+    waits: dict[str, WaitState],
+    name: str,
+    wait_id: str | None,
+    digest: str | None,
+    signal_id: str | None,
+) -> WaitState:
+    """The open wait a signal ``name`` is for, or the refusal that says why there is none."""
+    if signal_id is not None:
+        for wait in waits.values():
+            if wait.signal_id == signal_id:
+                raise SignalConsumedError(
+                    f"run {run_id!r}: signal id {signal_id!r} was recorded already, for signal"
+                    f" {wait.signal!r} at step {wait.step_path!r} ({_signalled(wait)}): a"
+                    " signal is taken once; nothing was recorded"
+                )
+    named = [
+        w for w in waits.values() if w.signal == name and (wait_id is None or w.wait_id == wait_id)
+    ]
+    open_waits = [w for w in named if w.status == "waiting"]
+    if status == "cancelled":
+        raise NoSuchWaitError(f"run {run_id!r} is cancelled: it takes no signal")
+    if not open_waits:
+        taken = [w for w in named if w.status == "signalled"]
+        if taken:
+            first = taken[-1]
+            raise SignalConsumedError(
+                f"run {run_id!r}: the wait for signal {name!r} at step {first.step_path!r} took"
+                f" signal {first.signal_id} already ({_signalled(first)}): a wait takes one"
+                " signal, once; this duplicate was not recorded"
+            )
+        timed_out = [w for w in named if w.status == "timed_out"]
+        if timed_out:
+            raise NoSuchWaitError(
+                f"run {run_id!r}: the wait for signal {name!r} at step"
+                f" {timed_out[-1].step_path!r} timed out; it takes no signal"
+            )
+        waiting = sorted({w.signal for w in waits.values() if w.status == "waiting"})
+        raise NoSuchWaitError(
+            f"run {run_id!r} (status {status}) does not wait for signal {name!r}"
+            + (f"; it waits for {', '.join(map(repr, waiting))}" if waiting else "")
+            + ": `little runs --waiting` lists what runs wait for"
+        )
+    if digest is not None:
+        matching = [
+            w
+            for w in open_waits
+            if w.action_digest is not None and w.action_digest.startswith(digest)
+        ]
+        if not matching:
+            asked = open_waits[0]
+            what = (
+                f"{asked.action_digest} ({_action_text(asked.action)})"
+                if asked.action_digest is not None
+                else "no action digest"
+            )
+            raise StaleApprovalError(
+                f"run {run_id!r}: signal {name!r} names digest {digest}, but the run waits at"
+                f" step {asked.step_path!r} with {what}: the signal is stale (it approves"
+                " another action); nothing was recorded"
+            )
+        open_waits = matching
+    elif any(w.kind == "approval" for w in open_waits):
+        asked = next(w for w in open_waits if w.kind == "approval")
+        raise SignalDataError(
+            f"run {run_id!r}: signal {name!r} approves an action, so it must name what it"
+            f" approves: --digest {asked.action_digest} (digest=...) for"
+            f" {_action_text(asked.action)}"
+        )
+    if len(open_waits) > 1:
+        raise SignalError(
+            f"run {run_id!r} waits for signal {name!r} at {len(open_waits)} places ("
+            + ", ".join(w.wait_id for w in open_waits)
+            + "): name one with wait_id=... (little signal --wait)"
+        )
+    wait = open_waits[0]
+    if wait.deadline is not None and utc_now() >= wait.deadline:
+        raise NoSuchWaitError(
+            f"run {run_id!r}: the wait for signal {name!r} at step {wait.step_path!r} timed"
+            f" out at {wait.deadline.isoformat()}; it takes no signal (its next resume records"
+            " the timeout)"
+        )
+    return wait
+
+
+def _signalled(wait: WaitState) -> str:
+    at = wait.signalled_at.isoformat() if wait.signalled_at is not None else "?"
+    return f"sent at {at} by {wait.signalled_by or '?'}"
+
+
+def _action_text(action: object) -> str:
+    if isinstance(action, dict):
+        args = orjson.dumps(action.get("args"), option=orjson.OPT_SORT_KEYS).decode()
+        return f"{action.get('tool')}({args})"
+    return "?"
 
 
 def _check_own_run_event(event_class: object) -> None:
@@ -691,6 +808,79 @@ class World:
         check_leases()
         self.save(run)
         return event
+
+    def signal(
+        self,
+        run_id: str,
+        name: str,
+        data: Any = None,
+        *,
+        digest: str | None = None,
+        signal_id: str | None = None,
+        sent_by: str | None = None,
+        wait_id: str | None = None,
+    ) -> SignalReceived:
+        """Send signal ``name`` with ``data`` to the run ``run_id``, which waits for it
+        (``RunWaiting``); return the recorded ``SignalReceived``.
+
+        The next driver of the run (``run_workflow``, ``little resume``) continues from
+        the wait with the data as the step's output (an ``ask_human`` call's result; an
+        approval lets its tool run or, declined, fails the call). Run from any process:
+        it takes no lease and is safe under the stream's optimistic concurrency.
+
+        Refused, with nothing recorded (a :class:`~little_es.errors.SignalError`):
+        data that does not validate against the wait's pydantic model
+        (:class:`~little_es.errors.SignalDataError`), a run that does not wait for
+        ``name`` (:class:`~little_es.errors.NoSuchWaitError`), a duplicate (the wait
+        took a signal already, or ``signal_id`` was used:
+        :class:`~little_es.errors.SignalConsumedError`, naming the first), and an
+        approval whose ``digest`` is not that of the action
+        the run waits to have approved (:class:`~little_es.errors.StaleApprovalError`;
+        an approval must name it, a prefix of at least 12 hex digits will do; ``little
+        runs --waiting`` shows it). ``wait_id`` picks one of several waits of one name.
+        """
+        validate_run_id(run_id)
+        if not isinstance(name, str) or not name:
+            raise SignalError(f"signal name must be a non-empty string, got {name!r}")
+        for label, value in (("digest", digest), ("signal_id", signal_id), ("sent_by", sent_by)):
+            if value is not None and (not isinstance(value, str) or not value):
+                raise SignalError(f"{label} must be a non-empty string or None, got {value!r}")
+        if digest is not None and (len(digest) < 12 or not _HEX.fullmatch(digest)):
+            raise StaleApprovalError(
+                f"digest {digest!r} is not a digest: give the action digest the run waits for"
+                " (64 hex digits, or a prefix of at least 12), as `little runs --waiting` shows"
+            )
+        for attempt in range(_SIGNAL_ATTEMPTS):
+            run = self.load_run(run_id)
+            wait = _wait_for_signal(
+                run_id, run.fold.status, run.fold.waits, name, wait_id, digest, signal_id
+            )
+            where = f"run {run_id!r} signal {name!r} (step {wait.step_path!r})"
+            clean = validate_signal_data(
+                where, import_model(wait.model_ref), wait.schema_digest, data
+            )
+            event = run.trigger(
+                SignalReceived,
+                wait_id=wait.wait_id,
+                signal=name,
+                data=clean,
+                signal_id=signal_id or uuid4().hex,
+                sent_by=sent_by or f"pid {os.getpid()} on {_hostname()}",
+                action_digest=wait.action_digest,
+            )
+            try:
+                self.save(run)
+            except EventPayloadError as exc:
+                # Valid for the model, not for the log (NaN, infinities): refused, unrecorded.
+                raise SignalDataError(f"{where}: {exc}") from exc
+            except ConcurrencyConflictError:
+                # The driver (or another sender) appended first: decide again on the stream
+                # as it is now; a second signal for the wait is then refused as a duplicate.
+                if attempt + 1 == _SIGNAL_ATTEMPTS:
+                    raise
+                continue
+            return event
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def aggregates(self) -> StepAggregates:
         """A unit of work over your eventsourcing aggregates outside a step (a step has

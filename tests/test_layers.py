@@ -19,7 +19,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("values", "_frozen"),
     ("errors",),
     ("ids", "logging", "workflow", "workflow.paths"),
-    ("events", "_strict", "faults", "aggregates", "workflow.ir", "workflow.context"),
+    ("events", "_strict", "faults", "aggregates", "waits", "workflow.ir", "workflow.context"),
     ("chain", "codec", "materialize", "pricing"),
     ("domain",),
     ("backends", "backends.*"),

@@ -2,6 +2,8 @@
 
 * :func:`create_worker` - a Temporal worker that runs the given workflows on a world;
 * :func:`start_run` - start (or resume) a run as a Temporal workflow whose id is the run id;
+* :func:`signal_run` - send a waiting run its signal (``wait_for``, ``ask_human``, an
+  approval): recorded in the log, then the workflow is woken through Temporal;
 * :func:`connect` / :func:`with_pydantic_converter` - clients with the pydantic data converter;
 * :class:`TemporalEngine` - outer loop cycles on Temporal (``run_outer_loop(..., engine=...)``);
 * :class:`StepTimeouts` - heartbeat and start-to-close timeouts of a run's activities;
@@ -25,6 +27,7 @@ from little_es_temporal.worker import (
     connect,
     create_replayer,
     create_worker,
+    signal_run,
     start_run,
     with_pydantic_converter,
 )
@@ -52,6 +55,7 @@ __all__ = [
     "connect",
     "create_replayer",
     "create_worker",
+    "signal_run",
     "start_run",
     "with_pydantic_converter",
 ]

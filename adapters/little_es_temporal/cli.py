@@ -27,11 +27,17 @@ from rich.console import Console
 
 from little_es.cli.run import load_workflow
 from little_es.errors import LittleEsError
-from little_es.events import RunCancelled
+from little_es.events import RunCancelled, SignalReceived
 from little_es.world import WORLD_ENV_VAR, World, open_world
-from little_es_temporal.worker import DEFAULT_TASK_QUEUE, cancel_run, connect, create_worker
+from little_es_temporal.worker import (
+    DEFAULT_TASK_QUEUE,
+    cancel_run,
+    connect,
+    create_worker,
+    signal_run,
+)
 
-__all__ = ["cancel_on_temporal", "register"]
+__all__ = ["cancel_on_temporal", "register", "signal_on_temporal"]
 
 
 class TemporalUnavailableError(LittleEsError, RuntimeError):
@@ -60,6 +66,26 @@ async def cancel_on_temporal(
         # The SDK's core thread may still call back into Python just after the
         # last RPC; a command that exits at once can abort in interpreter
         # finalization (PyGILState_Release), so give it a moment first.
+        del client
+        await asyncio.sleep(0.2)
+
+
+async def signal_on_temporal(
+    world: World,
+    run_id: str,
+    name: str,
+    data: Any,
+    options: dict[str, str | None],
+    address: str,
+    namespace: str,
+) -> SignalReceived:
+    """``little signal RUN_ID NAME --temporal ADDRESS``: :func:`~little_es_temporal.signal_run`
+    (``options``: ``digest``, ``signal_id``, ``wait_id``)."""
+    client = await _connect(address, namespace)
+    try:
+        return await signal_run(client, world, run_id, name, data, **options)
+    finally:
+        # As for cancel: let the SDK's core thread finish before the command exits.
         del client
         await asyncio.sleep(0.2)
 

@@ -49,10 +49,10 @@ from temporalio.exceptions import ApplicationError
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
 
 from little_es.engine.executor import Committed, HostedRun
-from little_es.errors import ConcurrentRunError, StepSuspendedError
+from little_es.errors import ConcurrentRunError, RunWaitingError, StepSuspendedError
 from little_es.ids import step_lease_id
 from little_es.logging import get_logger
-from little_es.workflow.authoring import SubworkflowStep
+from little_es.workflow.authoring import SubworkflowStep, WaitStep
 from little_es.world import World
 from little_es_temporal.activities import (
     CURRENT_STEP,
@@ -62,13 +62,13 @@ from little_es_temporal.activities import (
     done_from_fold,
 )
 from little_es_temporal.errors import TemporalAdapterError, gave_up_error, to_application_error
-from little_es_temporal.models import ACTIVITY_NAMES, RUN_STEP, StepDone, StepInput
+from little_es_temporal.models import ACTIVITY_NAMES, RUN_STEP, StepDone, StepInput, WaitNotice
 
 __all__ = ["LittleInterceptor", "StepBusyError", "run_step_durably"]
 
 _log = get_logger()
 
-_STEP_KINDS = ("task", "agent", "decision", "subworkflow")
+_STEP_KINDS = ("task", "agent", "decision", "subworkflow", "wait")
 
 
 class StepBusyError(ConcurrentRunError):
@@ -212,19 +212,26 @@ async def _run_step(
                 hosted = ()
             host = TemporalSubRunHost(activities, hosted)
             executor.host = host
-            # A subworkflow step's work is the executor's: reserve the sub-run, host it.
-            code = (
-                functools.partial(executor.execute, begun)
-                if isinstance(step, SubworkflowStep)
-                else body
-            )
-            token = CURRENT_STEP.set(
-                None
-                if isinstance(step, SubworkflowStep)
-                else StepCall(activities.world, step, begun.ctx)
-            )
+            if isinstance(step, (SubworkflowStep, WaitStep)):
+                # No code of the user's: the executor reserves the sub-run and hosts it,
+                # or records the wait (or reads the signal that came).
+                token = CURRENT_STEP.set(None)
+                work: Callable[[], Awaitable[Any]] = functools.partial(executor.execute, begun)
+            else:
+                token = CURRENT_STEP.set(StepCall(activities.world, step, begun.ctx))
+                work = body
             try:
-                outcome = await executor.attempt(begun, code)
+                outcome = await executor.attempt(begun, work)
+            except RunWaitingError as waiting:
+                # The wait is recorded (RunWaiting): the workflow waits on a Temporal
+                # signal, then runs the same attempt again, which reads the signal's data.
+                waits = executor.writer.read().waits
+                notices = tuple(
+                    WaitNotice(wait_id=wait_id, signal=name, deadline=waits[wait_id].deadline)
+                    for name, _, wait_id in waiting.waits
+                    if wait_id in waits
+                )
+                return StepDone(step_path=begun.step_path, attempt=begun.attempt, waiting=notices)
             except StepSuspendedError as suspended:
                 # Sub-runs to host as child workflows; the attempt stays in flight.
                 starts = tuple(

@@ -12,7 +12,7 @@ them only in ways a replay of an existing history still accepts.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -31,6 +31,7 @@ __all__ = [
     "REFUSED_MARKER",
     "RUN_STEP",
     "SCHEDULE_BRANCHES",
+    "SIGNAL_NAME",
     "START_RUN",
     "TEMPORAL_INLINE_LIMIT",
     "GroupPlan",
@@ -46,6 +47,7 @@ __all__ = [
     "SubRunFailure",
     "SubRunPlan",
     "SubRunStart",
+    "WaitNotice",
 ]
 
 START_RUN = "little_es.start_run"
@@ -182,6 +184,20 @@ class SubRunStart(_Frozen):
     parent_step_path: str
 
 
+SIGNAL_NAME = "little_es.signal"
+"""The Temporal signal that wakes a run waiting for a little_es signal: its argument is the
+wait id; the data is in the run's log (``SignalReceived``, validated when it was sent)."""
+
+
+class WaitNotice(_Frozen):
+    """A wait a step activity recorded (``RunWaiting``): the workflow waits on the Temporal
+    signal :data:`SIGNAL_NAME` for ``wait_id``, or until ``deadline``."""
+
+    wait_id: str
+    signal: str
+    deadline: datetime | None = None
+
+
 class StepDone(_Frozen):
     """A step's committed result, as small as Temporal needs it.
 
@@ -198,6 +214,8 @@ class StepDone(_Frozen):
     executed: bool = False
     suspended: tuple[SubRunStart, ...] = ()
     """Not done yet: start these child workflows, wait, then run the step again."""
+    waiting: tuple[WaitNotice, ...] = ()
+    """Not done yet: wait for one of these signals (or a deadline), then run the step again."""
 
 
 class GroupPlan(_Frozen):

@@ -45,7 +45,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 from little_es.durability import cancel_run as record_cancellation
 from little_es.durability import encode_output
 from little_es.engine.executor import check_engine, check_run_request
-from little_es.events import RunCancelled
+from little_es.events import RunCancelled, SignalReceived
 from little_es.ids import new_run_id, validate_run_id
 from little_es.values import Budget
 from little_es.workflow.authoring import Workflow
@@ -53,7 +53,13 @@ from little_es.world import World
 from little_es_temporal.activities import LittleActivities, WorkflowRegistry
 from little_es_temporal.errors import TemporalAdapterError
 from little_es_temporal.interceptor import LittleInterceptor
-from little_es_temporal.models import TEMPORAL_INLINE_LIMIT, RunDone, RunInput, StepTimeouts
+from little_es_temporal.models import (
+    SIGNAL_NAME,
+    TEMPORAL_INLINE_LIMIT,
+    RunDone,
+    RunInput,
+    StepTimeouts,
+)
 from little_es_temporal.workflow import LittleRunWorkflow
 
 __all__ = [
@@ -63,6 +69,7 @@ __all__ = [
     "connect",
     "create_replayer",
     "create_worker",
+    "signal_run",
     "start_run",
     "with_pydantic_converter",
 ]
@@ -283,6 +290,37 @@ async def cancel_run(
     handle = with_pydantic_converter(client).get_workflow_handle(run_id)
     try:
         await handle.cancel()
+    except RPCError as exc:
+        if exc.status != RPCStatusCode.NOT_FOUND:
+            raise
+    return event
+
+
+async def signal_run(
+    client: Client,
+    world: World,
+    run_id: str,
+    name: str,
+    data: Any = None,
+    *,
+    digest: str | None = None,
+    signal_id: str | None = None,
+    wait_id: str | None = None,
+) -> SignalReceived:
+    """Signal a Temporal-driven run that waits: record ``SignalReceived``, then wake its
+    workflow with the Temporal signal ``little_es.signal``.
+
+    The log is written first (:meth:`~little_es.world.World.signal`: validated against the
+    wait's model, taken once, an approval bound to its digest; a refusal records and sends
+    nothing), so the workflow's next step activity reads the data from the log. A run whose
+    workflow is not running gets the signal in the log only (its next start continues).
+    """
+    event = world.signal(
+        validate_run_id(run_id), name, data, digest=digest, signal_id=signal_id, wait_id=wait_id
+    )
+    handle = with_pydantic_converter(client).get_workflow_handle(run_id)
+    try:
+        await handle.signal(SIGNAL_NAME, event.wait_id)
     except RPCError as exc:
         if exc.status != RPCStatusCode.NOT_FOUND:
             raise

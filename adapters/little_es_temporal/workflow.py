@@ -60,6 +60,7 @@ with workflow.unsafe.imports_passed_through():
         REFUSED_MARKER,
         RUN_STEP,
         SCHEDULE_BRANCHES,
+        SIGNAL_NAME,
         START_RUN,
         GroupPlan,
         RunDone,
@@ -74,11 +75,13 @@ with workflow.unsafe.imports_passed_through():
         SubRunFailure,
         SubRunPlan,
         SubRunStart,
+        WaitNotice,
     )
 
 __all__ = [
     "SUBWORKFLOW_PATCH",
     "SUB_RUNS_PATCH",
+    "WAITS_PATCH",
     "WORKFLOW_TYPE",
     "LittleRunWorkflow",
     "step_retry_policy",
@@ -124,6 +127,10 @@ SUB_RUNS_PATCH = "little_es.step-hosted-sub-runs"
 
 SUBWORKFLOW_PATCH = "little_es.hosted-subworkflow-steps"
 """The patch id of subworkflow steps run as a step activity through the sub-run host."""
+
+WAITS_PATCH = "little_es.durable-waits"
+"""The patch id of a step that waits on a Temporal signal (``wait_for``, ``ask_human``, an
+approval)."""
 
 _CHILD_FIELDS = {"workflow_id", "workflow_version", "ir_hash", "input", "input_ref"}
 """What a child run's :class:`RunInput` takes from the :class:`SubRunPlan` as it is."""
@@ -178,6 +185,16 @@ class LittleRunWorkflow:
         self._run_id = ""
         self._timeouts = StepTimeouts()
         self._input: RunInput | None = None
+        self._signalled: set[str] = set()
+
+    @workflow.signal(name=SIGNAL_NAME)
+    def signalled(self, wait_id: str) -> None:
+        """A little_es signal for ``wait_id`` was recorded in the run's log: wake its wait.
+
+        Sent by :func:`~little_es_temporal.signal_run` (``little signal --temporal``) after
+        ``SignalReceived`` is committed; the data is read from the log, not from here.
+        """
+        self._signalled.add(wait_id)
 
     @workflow.run
     async def run(self, input: RunInput) -> RunDone:
@@ -234,6 +251,12 @@ class LittleRunWorkflow:
         hosted_attempt: int | None = None
         while True:
             done = await self._run_step(step, path, hosted, hosted_attempt)
+            if done.waiting:
+                # Histories from before durable waits never reach here; the patch marks
+                # the ones that do.
+                workflow.patched(WAITS_PATCH)
+                await self._wait(done.waiting)
+                continue
             if not done.suspended:
                 return done
             # The step waits for sub-runs (an orchestrator's start_workflow calls):
@@ -272,6 +295,26 @@ class LittleRunWorkflow:
                 raise _GaveUpError(path, _describe(exc).message) from exc
             raise
         return done
+
+    async def _wait(self, waits: tuple[WaitNotice, ...]) -> None:
+        """Wait for the Temporal signal of one of ``waits``, or for the first deadline.
+
+        Either way the step runs again: it reads the signal's data from the log, or
+        records the timeout (``WaitTimedOut``) when its deadline passed first.
+        """
+        deadlines = [w.deadline for w in waits if w.deadline is not None]
+        timeout = None
+        if deadlines:
+            # Deadlines are wall-clock times in the log; workflow.now() is deterministic.
+            timeout = max((min(deadlines) - workflow.now()).total_seconds(), 0.0) + 0.05
+        ids = {w.wait_id for w in waits}
+        try:
+            await workflow.wait_condition(
+                lambda: bool(ids & self._signalled),
+                timeout=None if timeout is None else timedelta(seconds=timeout),
+            )
+        except TimeoutError:
+            workflow.logger.info("run %s: a wait's deadline passed", self._run_id)
 
     async def _host(self, starts: tuple[SubRunStart, ...]) -> None:
         """Run each sub-run as a child workflow (id = sub-run id) and wait for them all.

@@ -10,6 +10,7 @@ plugins' in :func:`_register_plugins`:
   (:mod:`little_es.cli.operate`);
 * ``little fork`` - a new run from a point of another run's history
   (:mod:`little_es.cli.fork`);
+* ``little signal`` - send a waiting run its signal (:mod:`little_es.cli.signal`);
 * ``little unlock`` - who holds a run's lease; ``--force`` takes it from a
   stuck holder (:mod:`little_es.cli.unlock`);
 * ``little ui`` - a local, read-only web page of the world's runs (the ``ui`` extra,
@@ -46,7 +47,7 @@ from eventsourcing.persistence import PersistenceError
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from little_es.cli import fork, inspection, operate, prices, run, ui, unlock
+from little_es.cli import fork, inspection, operate, prices, run, signal, ui, unlock
 from little_es.errors import LittleEsError
 
 __all__ = ["OPTIONAL_COMMANDS", "PLUGIN_GROUP", "app"]
@@ -165,6 +166,7 @@ def _register(app: typer.Typer) -> None:
     app.command("cancel")(operate.cancel_command)
     app.command("diff")(operate.diff_command)
     app.command("fork")(fork.fork_command)
+    app.command("signal")(signal.signal_command)
     app.command("unlock")(unlock.unlock_command)
     app.command("ui")(ui.ui_command)
     app.add_typer(prices.prices_app, name="prices")

@@ -31,7 +31,7 @@ from little_es.cli.common import (
 )
 from little_es.events import Event
 from little_es.outer_loop import encode_view, load_outer_loop, loop_view
-from little_es.projections import list_runs
+from little_es.projections import list_runs, list_waits
 from little_es.render import (
     render_events,
     render_loop_report,
@@ -42,6 +42,7 @@ from little_es.render import (
     render_sub_runs,
     render_tree,
     render_verify,
+    render_waits,
 )
 from little_es.replay import ReplayResult, replay_run
 from little_es.verify import verify_world
@@ -173,11 +174,20 @@ def loops_command(world: WorldOption = None) -> None:
         render_loops(w, console())
 
 
-def runs_command(world: WorldOption = None) -> None:
+def runs_command(
+    world: WorldOption = None,
+    waiting: Annotated[
+        bool,
+        typer.Option("--waiting", help="Only the runs that wait for a signal, and for what."),
+    ] = False,
+) -> None:
     """Every run in the world, oldest first, from the runs read model."""
     with inspection_world(world) as w:
-        runs = list_runs(w)
         name = w.name
+        if waiting:
+            render_waits(list_waits(w), name, console())
+            return
+        runs = list_runs(w)
     render_runs(runs, name, console())
 
 

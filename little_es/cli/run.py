@@ -21,14 +21,18 @@ from rich.markup import escape
 
 from little_es.cli.common import WorldOption
 from little_es.engine.local import run_workflow
-from little_es.errors import RunNotFoundError, RunStoppedError, WorkflowRefError
+from little_es.errors import RunNotFoundError, RunStoppedError, RunWaitingError, WorkflowRefError
 from little_es.events import Event
-from little_es.render import StepBoard
+from little_es.render import StepBoard, signal_command_text
 from little_es.values import Budget
 from little_es.workflow.authoring import Workflow
 from little_es.world import open_world
 
-__all__ = ["load_workflow", "resume_command", "run_command"]
+__all__ = ["WAITING_EXIT_CODE", "load_workflow", "resume_command", "run_command"]
+
+WAITING_EXIT_CODE = 3
+"""The exit code of ``little run`` / ``little resume`` when the run stopped to wait for a
+signal: not a failure (0 would read as finished)."""
 
 
 def load_workflow(ref: str) -> Workflow:
@@ -115,6 +119,14 @@ def _drive(
             if not console.is_terminal:
                 # rich's Live ends its last frame without a newline when not on a terminal.
                 console.line()
+    except RunWaitingError as exc:
+        # Waits for a signal: the process exits cleanly, the run goes on after the signal.
+        console.print(f"[yellow]waiting[/]: {escape(str(exc))}")
+        fold = world.load_run(exc.run_id).fold
+        for wait in fold.waits.values():
+            if wait.status == "waiting":
+                console.print(f"  {escape(signal_command_text(exc.run_id, wait))}", soft_wrap=True)
+        raise typer.Exit(WAITING_EXIT_CODE) from None
     except RunStoppedError as exc:
         # Stopped on purpose (cancelled, out of budget): resumable, not a failure.
         console.print(f"[yellow]stopped[/]: {escape(str(exc))}")

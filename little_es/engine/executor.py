@@ -44,6 +44,15 @@ it is spent, ``BudgetExceeded`` is recorded as the run's outcome and
 :class:`~little_es.errors.BudgetExceededError` propagates, the step left in
 flight so a resume with a larger budget continues its session.
 
+A wait (a ``wait_for`` step, an ``ask_human`` call, a tool that requires approval:
+:meth:`StepExecutor.await_signal`) is a stop on purpose too: ``RunWaiting`` is recorded
+once and :class:`~little_es.errors.RunWaitingError` propagates, the step in flight, until
+a ``SignalReceived`` (appended by another process, :meth:`~little_es.world.World.signal`)
+gives the step its output or the call its answer; a deadline that passed first records
+``WaitTimedOut`` (:class:`~little_es.errors.WaitTimedOutError`). The local engine stops
+the run; the Temporal adapter's workflow waits on a Temporal signal and runs the same
+attempt again.
+
 Parallel groups (:meth:`~StepExecutor.schedule_group`,
 :meth:`~StepExecutor.complete_group`), sub-runs (:meth:`~StepExecutor.sub_run`),
 and the run's start, end and failure (:func:`open_run`,
@@ -58,7 +67,7 @@ import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple, TypeAlias, TypeVar
 
 from little_es._frozen import freeze
@@ -87,9 +96,11 @@ from little_es.errors import (
     RunStateError,
     RunStoppedError,
     RuntimeIntegrityError,
+    RunWaitingError,
     StepSuspendedError,
+    WaitTimedOutError,
 )
-from little_es.events import Event
+from little_es.events import Event, utc_now
 from little_es.harness.guard import CallGuard, guarding
 from little_es.harness.session import run_agent_session
 from little_es.ids import session_stream_id
@@ -97,12 +108,14 @@ from little_es.logging import get_logger
 from little_es.materialize import COUNTED_ONLY, RunFold, StepFold, dollars, picodollars
 from little_es.totals import run_tree_totals
 from little_es.values import Budget, ErrorInfo, ModelResponse, Usage, UsageTotals
+from little_es.waits import WaitRequest
 from little_es.workflow.authoring import (
     AgentStep,
     DecisionStep,
     ParallelStep,
     SubworkflowStep,
     TaskStep,
+    WaitStep,
     Workflow,
 )
 from little_es.workflow.context import StepContext
@@ -143,7 +156,7 @@ T = TypeVar("T")
 CodeStep: TypeAlias = TaskStep | AgentStep | DecisionStep
 """A step whose attempt runs its own code (:func:`execute_step`)."""
 
-ExecutableStep: TypeAlias = CodeStep | SubworkflowStep
+ExecutableStep: TypeAlias = CodeStep | SubworkflowStep | WaitStep
 """A step that runs as attempts (a parallel group runs its branches instead)."""
 
 
@@ -314,6 +327,8 @@ def open_run(
             return existing
         if fold.status == "cancelled" and not resume_cancelled:
             raise RunCancelledError(run_id, fold.stop_reason, resuming=True)
+        if fold.status == "timed_out":
+            raise timed_out_error(run_id, fold)
         if adopting:
             # A fork runs changed code after its fork point: recorded before anything runs.
             existing.workflow_adopted(workflow_version=workflow.version, ir_hash=workflow.ir_hash)
@@ -336,6 +351,31 @@ def open_run(
     if budget is not None:
         started.budget_set(budget)
     return started
+
+
+def timed_out_error(run_id: str, fold: RunFold) -> WaitTimedOutError:
+    """The :class:`~little_es.errors.WaitTimedOutError` of a run whose wait timed out."""
+    for wait in fold.waits.values():
+        if wait.status == "timed_out" and wait.deadline is not None:
+            return WaitTimedOutError(
+                run_id,
+                signal=wait.signal,
+                step_path=wait.step_path,
+                deadline=wait.deadline.isoformat(),
+            )
+    return WaitTimedOutError(
+        run_id, signal="?", step_path=fold.stopped_step_path or "?", deadline="?"
+    )
+
+
+def waiting_error(run_id: str, fold: RunFold) -> RunWaitingError:
+    """The :class:`~little_es.errors.RunWaitingError` naming every open wait of the run."""
+    return RunWaitingError(
+        run_id,
+        tuple(
+            (w.signal, w.step_path, w.wait_id) for w in fold.waits.values() if w.status == "waiting"
+        ),
+    )
 
 
 class BudgetTracker:
@@ -497,6 +537,10 @@ class StepGuard:
     def before_tool_calls(self, step_path: str) -> None:
         """Stop a cancelled run before its tools run."""
         self.check_stop()
+
+    async def await_signal(self, request: WaitRequest) -> Any:
+        """A tool call's wait (``ask_human``, an approval), through the step's executor."""
+        return await self.executor.await_signal(request)
 
 
 class RunWriter(ABC):
@@ -1034,7 +1078,55 @@ class StepExecutor:
             return await self.host_run(
                 HostedRun(sub_run_id, step.workflow, child_input, self.run_id, begun.step_path)
             )
+        if isinstance(step, WaitStep):
+            return await self.await_signal(
+                WaitRequest(
+                    wait_id=begun.step_path,
+                    step_path=begun.step_path,
+                    kind="step",
+                    signal=step.signal,
+                    model=step.model,
+                    timeout_s=step.timeout_s,
+                )
+            )
         return await execute_step(self.world, step, ctx)
+
+    async def await_signal(self, request: WaitRequest) -> Any:
+        """The data of the signal ``request`` waits for, once it came (a ``SignalReceived``
+        in the log): the waiting step's output, or the waiting tool call's answer.
+
+        Before it came: ``RunWaiting`` is committed (once: a resume that finds it appends
+        nothing) and :class:`~little_es.errors.RunWaitingError` propagates, the step or
+        call left in flight, so the process can exit. Past the wait's deadline,
+        ``WaitTimedOut`` is committed and :class:`~little_es.errors.WaitTimedOutError`
+        propagates: the run's own outcome, not a failure of the step.
+        """
+        # A signal sent since this driver read the log: one indexed query otherwise.
+        self.writer.refresh()
+
+        def decide(rec: RunRecorder) -> Any:
+            wait = rec.fold.waits.get(request.wait_id)
+            if wait is None:
+                deadline = (
+                    None
+                    if request.timeout_s is None
+                    else utc_now() + timedelta(seconds=request.timeout_s)
+                )
+                wait = rec.run_waiting(request, deadline)
+            if wait.status == "signalled":
+                return wait.data
+            if (
+                wait.status == "waiting"
+                and wait.deadline is not None
+                and utc_now() >= wait.deadline
+            ):
+                rec.wait_timed_out(wait)
+                wait = rec.fold.waits[request.wait_id]
+            if wait.status == "timed_out":
+                raise timed_out_error(self.run_id, rec.fold)
+            raise RunWaitingError(self.run_id, ((wait.signal, wait.step_path, wait.wait_id),))
+
+        return await self.writer.write(decide)
 
     async def reserve_sub_run(
         self, step_path: str, *, sub_run_id: str, workflow_id: str, call_id: str | None = None

@@ -45,6 +45,7 @@ from little_es.engine.executor import (
     check_engine,
     check_run_request,
     open_run,
+    waiting_error,
 )
 from little_es.engine.walk import StepVisit, Walk, branch_path, gather_branches
 from little_es.errors import (
@@ -53,6 +54,7 @@ from little_es.errors import (
     RunFailedError,
     RunRequestError,
     RunStoppedError,
+    RunWaitingError,
     VisitLimitError,
 )
 from little_es.events import Event
@@ -284,6 +286,12 @@ async def run_workflow(
     cancel``) stops with :class:`~little_es.errors.RunCancelledError` before its
     next step, model call or tool call, and is resumed only with
     ``resume_cancelled=True``.
+
+    A run that reaches a wait (``wait_for``, ``ask_human``, an approval) records
+    ``RunWaiting`` and stops with :class:`~little_es.errors.RunWaitingError`: not a
+    failure; send the signal (``world.signal``) and call ``run_workflow`` again to
+    continue from the wait. A wait whose deadline passed first stops the run with
+    :class:`~little_es.errors.WaitTimedOutError` (``WaitTimedOut``, status ``timed_out``).
     """
     problem = check_run_request(workflow, input, budget)
     if problem is None and not isinstance(world, World):
@@ -342,6 +350,14 @@ async def run_workflow(
             error = ErrorInfo.from_exception(exc, retryable=False)
             await scheduler.executor.fail_run(step_path=None, error=error)
             raise
+        except RunWaitingError as exc:
+            log.info("run waiting", reason=str(exc))
+            every = waiting_error(run_id, scheduler.writer.read())
+            if not every.waits:
+                # A sub-run driven in this process waits (its own log says for what).
+                raise
+            # Branches (or a batch of tool calls) may wait at once: name every open wait.
+            raise every from exc
         except RunStoppedError as exc:
             log.info("run stopped", reason=str(exc))
             raise

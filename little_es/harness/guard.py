@@ -23,11 +23,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from little_es.values import ModelResponse
+from little_es.waits import WaitRequest
 
-__all__ = ["CallGuard", "current_guard", "guarding"]
+__all__ = ["CallGuard", "SignalWaiter", "current_guard", "guarding"]
 
 
 class CallGuard(Protocol):
@@ -43,6 +44,17 @@ class CallGuard(Protocol):
 
     def before_tool_calls(self, step_path: str) -> None:
         """Raise a :class:`~little_es.errors.RunStoppedError` if the tools must not run."""
+        ...
+
+
+@runtime_checkable
+class SignalWaiter(Protocol):
+    """A guard that can also make a tool call wait for a signal (``ask_human``, an approval):
+    the engine's, which records ``RunWaiting`` through the run's writer."""
+
+    async def await_signal(self, request: WaitRequest) -> Any:
+        """The data of the signal ``request`` waits for, when it came; else record the wait
+        and raise :class:`~little_es.errors.RunWaitingError` (the call stays in flight)."""
         ...
 
 

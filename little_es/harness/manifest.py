@@ -104,7 +104,9 @@ def compute_manifest(
             model_id=model_id,
             system_prompt_sha256=None if system is None else _sha256(system.encode("utf-8")),
             tools=tuple(
-                AgentToolIR(name=name, schema_hash=resolved[name].schema_hash)
+                AgentToolIR(
+                    name=name, schema_hash=resolved[name].schema_hash, waits=resolved[name].waits
+                )
                 for name in sorted(resolved)
             ),
             parameters=dict(parameters or {}),
@@ -114,6 +116,13 @@ def compute_manifest(
         problems = "; ".join(err["msg"] for err in exc.errors(include_url=False))
         raise SessionInputError(f"the session's inputs cannot be pinned: {problems}") from exc
     manifest: dict[str, JSONValue] = spec.model_dump(mode="json")
+    tool_entries = manifest["tools"]
+    assert isinstance(tool_entries, list)
+    for entry in tool_entries:
+        # A tool that waits for nobody has the manifest it had before durable waits
+        # existed, so sessions recorded then resume; one that waits pins what for.
+        if isinstance(entry, dict) and entry.get("waits") is None:
+            entry.pop("waits", None)
     if prompt is not None:
         # Not in AgentSpecIR: the IR (and its hash) describes the code, and a prompt
         # function's text is only known when the step runs.

@@ -65,13 +65,16 @@ from little_es._strict import check_json_value
 from little_es.backends.base import check_leases
 from little_es.domain import HarnessSession
 from little_es.errors import (
+    ApprovalDeniedError,
     ConversationDivergedError,
     RunStoppedError,
     RuntimeIntegrityError,
+    RunWaitingError,
     SessionInputError,
     StepSuspendedError,
     ToolError,
     TurnLimitExceededError,
+    WaitTimedOutError,
 )
 from little_es.events import (
     ModelCalled,
@@ -82,7 +85,7 @@ from little_es.events import (
     ToolCallStarted,
     ToolCallSucceeded,
 )
-from little_es.harness.guard import current_guard
+from little_es.harness.guard import SignalWaiter, current_guard
 from little_es.harness.manifest import check_manifest, compute_manifest
 from little_es.harness.model import Model
 from little_es.harness.tools import Tool, ToolContext, resolve_tools
@@ -97,6 +100,7 @@ from little_es.values import (
     ToolCall,
     Usage,
 )
+from little_es.waits import Approval, WaitRequest, tool_wait_id
 from little_es.world import World
 
 __all__ = [
@@ -257,6 +261,7 @@ class _SessionLoop:
         self.used_call_ids: set[str] = set()
         self._running = 0
         self._suspended: list[StepSuspendedError] = []
+        self._waiting: list[RunWaitingError | WaitTimedOutError] = []
         self.model_calls_made = 0
         self.tool_calls_made = 0
         self.replayed_model_calls = 0
@@ -398,6 +403,12 @@ class _SessionLoop:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 raise
+        if self._waiting:
+            # Calls that wait for a person stay in flight (their RunWaiting is committed);
+            # the others' results are committed here, so a resume re-runs none of them.
+            waiting, self._waiting = self._waiting, []
+            self._save()
+            raise _merged(waiting)
         if self._suspended:
             # Every call of the batch had its go: those that finished are committed
             # here, the suspended ones stay in flight and the engine hosts all their
@@ -474,7 +485,16 @@ class _SessionLoop:
                     f"no tool named {started.name!r}; the tools are:"
                     f" {', '.join(sorted(self.tools)) or 'none'}"
                 )
-            result = await tool.invoke(dict(started.args), self._tool_context(started.call_id))
+            if tool.waits is not None:
+                result = await self._after_wait(tool, started)
+            else:
+                result = await tool.invoke(dict(started.args), self._tool_context(started.call_id))
+        except (RunWaitingError, WaitTimedOutError) as exc:
+            # Waits for a signal: no result, the call stays in flight; the batch's other
+            # calls finish and are committed before the run stops.
+            self._waiting.append(exc)
+            self._running -= 1
+            return
         except (RuntimeIntegrityError, RunStoppedError):
             # A refusal (a sub-run whose log disagrees with its code) or a stop (a
             # sub-run cancelled or out of budget): not the tool's failure to show
@@ -499,6 +519,46 @@ class _SessionLoop:
         if self._running:
             self._save()
 
+    async def _after_wait(self, tool: Tool, started: ToolCallStarted) -> JSONValue:
+        """The result of a call that waits for a signal: ``ask_human``'s answer, or an
+        approved tool's own result (a declined one raises :class:`ApprovalDeniedError`)."""
+        spec, model = tool.waits, tool.wait_model
+        assert spec is not None and model is not None
+        args = dict(started.args)
+        # Invalid arguments fail the call at once: nobody is asked about a call that
+        # cannot run.
+        tool.check_arguments(args)
+        guard = current_guard()
+        if not isinstance(guard, SignalWaiter):
+            raise ToolError(
+                f"tool {tool.name!r} waits for a person, which needs a run: use it in an"
+                " agent step of a workflow (run_workflow), not in a session on its own"
+            )
+        question = args.get("question") if spec.kind == "ask_human" else None
+        data = await guard.await_signal(
+            WaitRequest(
+                wait_id=tool_wait_id(self.step_path, self.attempt, started.call_id),
+                step_path=self.step_path,
+                kind=spec.kind,
+                signal=spec.signal,
+                model=model,
+                timeout_s=spec.timeout_s,
+                action={"tool": started.name, "args": args},
+                question=question if isinstance(question, str) else None,
+            )
+        )
+        if spec.kind == "ask_human":
+            answer: JSONValue = data
+            return answer
+        approval = Approval.model_validate(data)
+        if not approval.approved:
+            raise ApprovalDeniedError(
+                f"a person declined the call {started.name}({orjson.dumps(args).decode()})"
+                + (f": {approval.comment}" if approval.comment else "")
+                + "; do not make it again unchanged"
+            )
+        return await tool.invoke(args, self._tool_context(started.call_id))
+
     def _complete(self, turn: int, response: ModelResponse, usage: Usage) -> SessionOutcome:
         completed = self.session.completed
         if completed is None:
@@ -521,6 +581,15 @@ class _SessionLoop:
             replayed_model_calls=self.replayed_model_calls,
             replayed_tool_calls=self.replayed_tool_calls,
         )
+
+
+def _merged(stops: Sequence[RunWaitingError | WaitTimedOutError]) -> RunStoppedError:
+    """One stop for a batch whose calls stopped: a timeout wins, else every wait is named."""
+    for stop in stops:
+        if isinstance(stop, WaitTimedOutError):
+            return stop
+    waits = tuple(w for stop in stops if isinstance(stop, RunWaitingError) for w in stop.waits)
+    return RunWaitingError(stops[0].run_id, waits)
 
 
 def _sum_usage(usages: Sequence[Usage]) -> Usage:

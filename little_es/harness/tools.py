@@ -20,13 +20,23 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from little_es._strict import check_json_value, refuse_problem
-from little_es.errors import ToolArgumentsError, ToolError
+from little_es.errors import LittleEsError, ToolArgumentsError, ToolError
 from little_es.values import JSONValue, ToolSpec
+from little_es.waits import (
+    Approval,
+    HumanAnswer,
+    check_model,
+    check_timeout,
+    model_ref,
+    schema_digest,
+)
+from little_es.workflow.ir import WaitSpecIR
 
 __all__ = [
     "ENGINES",
     "Tool",
     "ToolContext",
+    "ask_human",
     "check_engines",
     "resolve_tools",
     "tool",
@@ -94,8 +104,15 @@ class Tool:
         name: str | None = None,
         description: str | None = None,
         engines: Sequence[str] | None = None,
+        requires_approval: bool = False,
+        approval_timeout: float | Any | None = None,
+        _waits: tuple[WaitSpecIR, type[BaseModel]] | None = None,
     ) -> None:
         if isinstance(fn, Tool):
+            if _waits is None and not requires_approval and fn._waits is not None:
+                # A renamed ask_human (or approval-gated tool) still waits.
+                assert fn._wait_model is not None
+                _waits = (fn._waits, fn._wait_model)
             # Re-wrapping a tool (to rename it, say) describes its function again.
             fn = fn.fn
         if not callable(fn):
@@ -121,6 +138,27 @@ class Tool:
         self._params, self._context_params, self._arguments_model, schema = _arguments_model(
             fn, tool_name
         )
+        if not isinstance(requires_approval, bool):
+            raise ToolError(f"tool {tool_name!r}: requires_approval must be True or False")
+        self._wait_model: type[BaseModel] | None = None
+        self._waits: WaitSpecIR | None = None
+        if _waits is not None:
+            self._waits, self._wait_model = _waits
+        elif requires_approval:
+            try:
+                timeout_s = check_timeout(f"tool {tool_name!r}", approval_timeout)
+            except LittleEsError as exc:
+                raise ToolError(str(exc)) from None
+            self._wait_model = Approval
+            self._waits = WaitSpecIR(
+                kind="approval",
+                signal="approval",
+                model_ref=model_ref(Approval),
+                schema_digest=schema_digest(Approval),
+                timeout_s=timeout_s,
+            )
+        elif approval_timeout is not None:
+            raise ToolError(f"tool {tool_name!r}: approval_timeout needs requires_approval=True")
         self._spec = ToolSpec(name=tool_name, description=description, parameters=schema)
         canonical = orjson.dumps(self._spec.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
         self._schema_hash = hashlib.sha256(canonical).hexdigest()
@@ -135,6 +173,25 @@ class Tool:
         """The engines the tool can run on (None: every engine); a run on another one is
         refused at its start with :class:`~little_es.errors.EngineUnsupportedError`."""
         return self._engines
+
+    @property
+    def waits(self) -> WaitSpecIR | None:
+        """What a call of the tool waits for before it runs (an approval, or ``ask_human``'s
+        answer), or None. Part of the agent step's IR."""
+        return self._waits
+
+    @property
+    def wait_model(self) -> type[BaseModel] | None:
+        """The pydantic model the signal a call waits for validates against, or None."""
+        return self._wait_model
+
+    def check_arguments(self, arguments: dict[str, JSONValue]) -> None:
+        """Raise :class:`ToolArgumentsError` when ``arguments`` do not validate (a call that
+        waits for approval is refused before a person is asked)."""
+        try:
+            self._arguments_model.model_validate(arguments)
+        except ValidationError as exc:
+            raise _arguments_error(self._name, exc) from exc
 
     @property
     def description(self) -> str:
@@ -214,6 +271,8 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     engines: Sequence[str] | None = None,
+    requires_approval: bool = False,
+    approval_timeout: float | Any | None = None,
 ) -> Tool: ...
 
 
@@ -225,6 +284,8 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     engines: Sequence[str] | None = None,
+    requires_approval: bool = False,
+    approval_timeout: float | Any | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -235,6 +296,8 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     engines: Sequence[str] | None = None,
+    requires_approval: bool = False,
+    approval_timeout: float | Any | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a :class:`Tool` from ``fn``: ``tool(fn)``, ``@tool`` or ``@tool(name=...)``.
 
@@ -245,10 +308,65 @@ def tool(
     the function cannot be described. ``engines`` (``["local"]``, ``["temporal"]``)
     declares the only engines the tool can run on: a run of a workflow using it on
     another engine is refused at its start, before anything is recorded.
+
+    ``requires_approval=True`` gates every call: before the tool runs, the run records
+    ``RunWaiting`` for signal ``approval`` with the digest of the tool's name and
+    arguments, and stops; ``little signal RUN_ID approval --data '{"approved": true}'
+    --digest D`` lets the call run on the next resume, ``{"approved": false, "comment":
+    ...}`` fails it (the model is told). ``approval_timeout`` (seconds or a timedelta)
+    bounds the wait.
     """
+    kw: dict[str, Any] = dict(
+        name=name,
+        description=description,
+        engines=engines,
+        requires_approval=requires_approval,
+        approval_timeout=approval_timeout,
+    )
     if fn is None:
-        return lambda f: Tool(f, name=name, description=description, engines=engines)
-    return Tool(fn, name=name, description=description, engines=engines)
+        return lambda f: Tool(f, **kw)
+    return Tool(fn, **kw)
+
+
+def ask_human(
+    *,
+    signal: str = "human",
+    model: type[BaseModel] = HumanAnswer,
+    timeout: float | Any | None = None,
+    name: str = "ask_human",
+    description: str | None = None,
+) -> Tool:
+    """A tool an agent calls to ask a person ``question`` and wait for the answer.
+
+    A call records ``RunWaiting`` (signal ``signal``, the ``question``, the digest of the
+    call) and the run stops; the process may exit. ``little signal RUN_ID human --data
+    '{"answer": "..."}'`` answers (validated against ``model``, :class:`HumanAnswer` by
+    default), and the next resume gives the data to the model as the call's result: the
+    session fast-forwards through its recorded calls and continues.
+    """
+    if not isinstance(signal, str) or not signal:
+        raise ToolError(f"ask_human: signal must be a non-empty string, got {signal!r}")
+    try:
+        checked = check_model("ask_human", model)
+        timeout_s = check_timeout("ask_human", timeout)
+    except LittleEsError as exc:
+        raise ToolError(str(exc)) from None
+
+    def ask(question: str) -> None:
+        """Ask a person a question and wait for the answer (the run pauses until they reply)."""
+        raise ToolError("ask_human is answered by a signal, never called")  # pragma: no cover
+
+    try:
+        spec = WaitSpecIR(
+            kind="ask_human",
+            signal=signal,
+            model_ref=model_ref(checked),
+            schema_digest=schema_digest(checked),
+            timeout_s=timeout_s,
+        )
+    except ValidationError as exc:
+        raise ToolError(f"ask_human: signal {signal!r} is not a usable name ({exc})") from None
+    return Tool(ask, name=name, description=description, _waits=(spec, checked))
 
 
 def resolve_tools(tools: Sequence[Tool | Callable[..., Any]]) -> dict[str, Tool]:

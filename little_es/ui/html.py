@@ -22,7 +22,13 @@ import orjson
 from little_es.backends.base import RunSummary
 from little_es.domain import OuterLoop
 from little_es.orchestrator import RunTree
-from little_es.render import STATUS_STYLES, budget_text, cost_text, decision_text
+from little_es.render import (
+    STATUS_STYLES,
+    budget_text,
+    cost_text,
+    decision_text,
+    signal_command_text,
+)
 from little_es.ui.pages import RUN_FILTERS, LoopPage, LoopRow, ModelCall, RunPage, ToolCallView
 from little_es.values import UsageTotals
 
@@ -51,6 +57,7 @@ _CSS_COLOURS = {
     "magenta": "#8250df",
     "bright_black": "#6e7781",
     "dark_orange": "#bc4c00",
+    "blue": "#0550ae",
     "white": "#57606a",
 }
 
@@ -412,6 +419,15 @@ def run_body(page: RunPage) -> str:
         notes += f'<p class="error">failed{at}: {esc(s.error.type)}: {esc(s.error.message)}</p>'
     if s.stop_reason:
         notes += f"<p>stopped: {esc(s.stop_reason)}</p>"
+    for wait in s.waits.values():
+        if wait.status == "waiting":
+            until = f" until {esc(wait.deadline.isoformat())}" if wait.deadline else ""
+            asks = f": {esc(wait.question)}" if wait.question else ""
+            notes += (
+                f'<p class="waiting">waiting in step {esc(wait.step_path)} for signal'
+                f" {esc(wait.signal)}{until}{asks} · <code>"
+                f"{esc(signal_command_text(page.run_id, wait))}</code></p>"
+            )
     io = f'<details id="run-input"><summary>input</summary>{_json(s.input)}</details>'
     if s.status == "completed":
         io += f'<details id="run-output"><summary>output</summary>{_json(s.output)}</details>'

@@ -71,12 +71,13 @@ __all__ = [
 
 RUN_FILTERS: dict[str, frozenset[str]] = {
     "running": frozenset({"running"}),
-    "waiting": frozenset({"pending", "waiting", "cancelled", "budget_exceeded"}),
+    "waiting": frozenset({"pending", "waiting", "cancelled", "budget_exceeded", "timed_out"}),
     "failed": frozenset({"failed"}),
     "completed": frozenset({"completed"}),
 }
 """The runs list's filters, by name: the statuses each shows. ``waiting`` is every run that
-goes on only when someone acts (resumes it, raises its budget, or it is yet to start)."""
+goes on only when someone acts (signals it, resumes it, raises its budget, or it is yet to
+start)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from little_es.errors import (
     InvalidBranchSetError,
@@ -44,6 +44,7 @@ from little_es.errors import (
 from little_es.harness.model import Model
 from little_es.harness.tools import Tool, check_engines, resolve_tools
 from little_es.values import Budget
+from little_es.waits import check_model, check_timeout, model_ref, schema_digest
 from little_es.workflow.context import StepContext
 from little_es.workflow.ir import (
     END,
@@ -53,6 +54,7 @@ from little_es.workflow.ir import (
     AgentToolIR,
     RetryPolicy,
     StepIR,
+    WaitSpecIR,
     WorkflowIR,
     check_plain_json,
 )
@@ -76,12 +78,14 @@ __all__ = [
     "SubworkflowStep",
     "TaskFn",
     "TaskStep",
+    "WaitStep",
     "Workflow",
     "agent",
     "decision",
     "parallel",
     "subworkflow",
     "task",
+    "wait_for",
 ]
 
 _STEP_ID_RE = re.compile(STEP_ID_PATTERN)
@@ -268,10 +272,37 @@ class DecisionStep:
         return self.ir.id
 
 
-Step: TypeAlias = TaskStep | AgentStep | ParallelStep | DecisionStep | SubworkflowStep
+@dataclass(frozen=True, slots=True)
+class WaitStep:
+    """A step that waits for signal ``signal`` (a person, another system): the run records
+    ``RunWaiting`` and its driver stops; once the signal is sent (``little signal``), the
+    next resume continues with the signal's data, validated by ``model``, as the output."""
+
+    ir: StepIR
+    model: type[BaseModel]
+
+    @property
+    def id(self) -> str:
+        """The step id."""
+        return self.ir.id
+
+    @property
+    def signal(self) -> str:
+        """The name of the signal the step waits for."""
+        assert self.ir.wait is not None
+        return self.ir.wait.signal
+
+    @property
+    def timeout_s(self) -> float | None:
+        """Seconds from ``RunWaiting`` until the wait times out (None: never)."""
+        assert self.ir.wait is not None
+        return self.ir.wait.timeout_s
+
+
+Step: TypeAlias = TaskStep | AgentStep | ParallelStep | DecisionStep | SubworkflowStep | WaitStep
 """Any step a builder returns."""
 
-_STEP_TYPES = (TaskStep, AgentStep, ParallelStep, DecisionStep, SubworkflowStep)
+_STEP_TYPES = (TaskStep, AgentStep, ParallelStep, DecisionStep, SubworkflowStep, WaitStep)
 
 
 def _callable_ref(fn: Callable[..., Any]) -> str:
@@ -441,7 +472,10 @@ def agent(
         system_prompt_sha256=(
             None if system is None else hashlib.sha256(system.encode("utf-8")).hexdigest()
         ),
-        tools=tuple(AgentToolIR(name=n, schema_hash=t.schema_hash) for n, t in resolved.items()),
+        tools=tuple(
+            AgentToolIR(name=n, schema_hash=t.schema_hash, waits=t.waits)
+            for n, t in resolved.items()
+        ),
         parameters=params,
         max_turns=max_turns,
     )
@@ -588,6 +622,50 @@ def subworkflow(
     return SubworkflowStep(ir=ir, workflow=workflow, input=input)
 
 
+def wait_for(
+    id: str,
+    *,
+    signal: str | None = None,
+    model: type[BaseModel],
+    timeout: float | Any | None = None,
+    max_visits: int = 1,
+) -> WaitStep:
+    """A step that waits for signal ``signal`` (default: the step id) whose data validates
+    against the pydantic ``model``; its output is that data (as JSON).
+
+    The run records ``RunWaiting`` (the signal, the model's ``module:qualname`` and schema
+    digest, the deadline ``timeout`` seconds or ``timedelta`` from then) and stops with
+    :class:`~little_es.errors.RunWaitingError`; the process may exit. ``world.signal`` /
+    ``little signal RUN_ID NAME --data JSON`` sends the signal; the next ``run_workflow`` /
+    ``little resume`` continues from here. A deadline that passed first records
+    ``WaitTimedOut`` (status ``timed_out``). On Temporal it is a workflow wait on the
+    Temporal signal ``little_es.signal`` (``little signal --temporal``).
+    """
+    _check_id(id)
+    name = id if signal is None else signal
+    if not isinstance(name, str) or re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name) is None:
+        raise WorkflowDefinitionError(
+            f"wait step {id!r}: signal {name!r} is not a usable name: 1-64 letters, digits,"
+            " '_', '.' and '-', starting with a letter or digit"
+        )
+    checked = check_model(f"wait step {id!r}", model)
+    spec = WaitSpecIR(
+        kind="step",
+        signal=name,
+        model_ref=model_ref(checked),
+        schema_digest=schema_digest(checked),
+        timeout_s=check_timeout(f"wait step {id!r}", timeout),
+    )
+    ir = _step_ir(
+        id=id,
+        kind="wait",
+        ref=spec.model_ref,
+        wait=spec,
+        max_visits=_check_max_visits(id, max_visits),
+    )
+    return WaitStep(ir=ir, model=checked)
+
+
 class Workflow:
     """A workflow definition: an id, a version and steps run in order unless a decision jumps.
 
@@ -624,7 +702,8 @@ class Workflow:
             if not isinstance(step, _STEP_TYPES):
                 raise WorkflowDefinitionError(
                     f"workflow {id!r}: steps[{position}] is a {type(step).__name__}; build"
-                    " steps with task(), agent(), parallel(), decision() or subworkflow()"
+                    " steps with task(), agent(), parallel(), decision(), subworkflow() or"
+                    " wait_for()"
                 )
             nested: tuple[Step, ...] = (
                 (step, step.step) if isinstance(step, ParallelStep) else (step,)

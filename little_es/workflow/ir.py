@@ -33,6 +33,7 @@ __all__ = [
     "RetryPolicy",
     "StepIR",
     "StepKind",
+    "WaitSpecIR",
     "WorkflowIR",
     "canonical_json",
     "check_plain_json",
@@ -41,8 +42,8 @@ __all__ = [
 END = "__end__"
 """What a decision returns to end the run (it can never be a step id: ids start with a letter)."""
 
-StepKind = Literal["task", "agent", "parallel", "decision", "subworkflow"]
-"""The five kinds of step."""
+StepKind = Literal["task", "agent", "parallel", "decision", "subworkflow", "wait"]
+"""The six kinds of step (``wait``: :func:`~little_es.workflow.authoring.wait_for`)."""
 
 BRANCH_STEP_KINDS: frozenset[str] = frozenset({"task", "agent", "subworkflow"})
 """The kinds a parallel group's branch step may have (no nested parallel, no decision)."""
@@ -120,11 +121,25 @@ class RetryPolicy(_Frozen):
         return delay
 
 
+class WaitSpecIR(_Frozen):
+    """What a ``wait_for`` step, an ``ask_human`` tool or an approval-gated tool waits for:
+    the signal's name, the model its data validates against (``module:qualname``) and the
+    digest of that model's JSON schema, and the timeout (None: none)."""
+
+    kind: Literal["step", "ask_human", "approval"]
+    signal: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    model_ref: str = Field(min_length=1)
+    schema_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+
 class AgentToolIR(_Frozen):
-    """One tool of an agent step: its name and the hash of the spec the model is shown."""
+    """One tool of an agent step: its name and the hash of the spec the model is shown
+    (and, for a tool that waits for a person, what it waits for)."""
 
     name: str = Field(min_length=1)
     schema_hash: str = Field(min_length=1)
+    waits: WaitSpecIR | None = None
 
 
 class AgentSpecIR(_Frozen):
@@ -189,6 +204,7 @@ class StepIR(_Frozen):
     agent: AgentSpecIR | None = None
     workflow_id: str | None = Field(default=None, pattern=f"^{WORKFLOW_ID_PATTERN}$")
     workflow_version: str | None = Field(default=None, pattern=f"^{WORKFLOW_VERSION_PATTERN}$")
+    wait: WaitSpecIR | None = None
 
     @model_validator(mode="after")
     def _fields_match_kind(self) -> StepIR:
@@ -218,6 +234,8 @@ class StepIR(_Frozen):
             raise ValueError(
                 f"{where}: workflow_id and workflow_version are required for subworkflow steps only"
             )
+        if (self.kind == "wait") != (self.wait is not None):
+            raise ValueError(f"{where}: wait is required for wait steps only")
         if self.kind in ("task", "decision", "parallel") and not self.ref:
             raise ValueError(f"{where}: ref (module:qualname of its function) is required")
         return self

@@ -1,0 +1,170 @@
+"""Durable waits on Temporal, against the real ``temporal server start-dev``.
+
+The workflow is the kill test's (``tests/_waits_proc.py``): an agent that asks a person
+(``ask_human``) and a ``wait_for`` step. On Temporal each wait is a workflow wait on the
+Temporal signal ``little_es.signal``: the step activity records ``RunWaiting`` and
+returns, the workflow waits (no activity runs, no worker is busy), and
+``little_es_temporal.signal_run`` (or ``little signal --temporal ADDRESS``) records
+``SignalReceived`` in the log and wakes it; the same step attempt runs again and reads
+the signal's data from the log (the first worker stops while the run waits; a second
+one continues it after the signal). The log is the local engine's, the ledger shows every
+step, model call and tool call executed once, and the history replays. A deadline that
+passes first records ``WaitTimedOut`` and ends the workflow, as locally.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from little_es_temporal import StepTimeouts, create_replayer, create_worker, signal_run, start_run
+from pydantic import BaseModel
+from temporalio.client import Client, WorkflowFailureError
+
+import tests._temporal_support as _support
+from little_es.errors import SignalConsumedError, SignalDataError
+from little_es.events import RunWaiting, SignalReceived, StepFailed, WaitTimedOut
+from little_es.replay import replay_run
+from little_es.workflow.authoring import Workflow, task, wait_for
+from little_es.workflow.context import StepContext
+from little_es.world import World, local_world
+from tests import _waits_proc as wp
+
+dev_server = _support.dev_server
+client = _support.client
+
+pytestmark = [pytest.mark.temporal, pytest.mark.timeout(300)]
+
+_FAST = StepTimeouts(heartbeat=timedelta(seconds=1))
+REPO = Path(__file__).resolve().parent.parent
+
+
+class Go(BaseModel):
+    go: bool
+
+
+def _noop(ctx: StepContext) -> str:
+    return "ran"
+
+
+SHORT = Workflow("short_wait", steps=[wait_for("go", model=Go, timeout=1.0), task("after", _noop)])
+
+
+@pytest.fixture
+def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "ledger"
+    monkeypatch.setattr(wp, "_ledger", path)
+    return path
+
+
+def _ledger(path: Path) -> Counter[str]:
+    if not path.exists():
+        return Counter()
+    return Counter(line.split(" ", 1)[1] for line in path.read_text().splitlines())
+
+
+async def _until_waiting(world: World, run_id: str, signal: str) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            waits = world.load_run(run_id).fold.waits
+        except LookupError:
+            waits = {}
+        if any(w.signal == signal and w.status == "waiting" for w in waits.values()):
+            return
+        assert time.monotonic() < deadline, f"run {run_id} never waited for {signal}"
+        await asyncio.sleep(0.05)
+
+
+def _little(world_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env: dict[str, Any] = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "adapters")]),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "little_es.cli", *args, "--world", f"sqlite:///{world_dir}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+
+
+async def test_waits_on_temporal_are_workflow_waits_on_a_temporal_signal(
+    client: Client, dev_server: Any, tmp_path: Path, ledger: Path
+) -> None:
+    queue = f"q-{uuid.uuid4().hex[:12]}"
+    run_id = "run_t_wait"
+    with local_world(tmp_path / "world") as world:
+        async with create_worker(client, world, workflows=[wp.workflow], task_queue=queue):
+            handle = await start_run(
+                client, wp.workflow, {}, run_id=run_id, task_queue=queue, timeouts=_FAST
+            )
+            await _until_waiting(world, run_id, "human")
+        # No worker runs while the workflow waits: Temporal holds the wait.
+        assert _ledger(ledger) == Counter({"step fetch": 1, "model 1": 1, "tool lookup build": 1})
+        with pytest.raises(SignalDataError):
+            await signal_run(client, world, run_id, "human", {"answer": 1})
+        await signal_run(client, world, run_id, "human", {"answer": "prod"})
+        with pytest.raises(SignalConsumedError):
+            await signal_run(client, world, run_id, "human", {"answer": "dev"})
+        async with create_worker(client, world, workflows=[wp.workflow], task_queue=queue):
+            await _until_waiting(world, run_id, "review")
+            # From another process: `little signal --temporal` records it and wakes the run.
+            sent = _little(
+                tmp_path / "world",
+                "signal",
+                run_id,
+                "review",
+                "--data",
+                '{"approved": true, "reviewer": "ana"}',
+                "--temporal",
+                dev_server.address,
+            )
+            assert sent.returncode == 0, sent.stderr
+            assert "its Temporal workflow was woken" in sent.stdout
+            done = await handle.result()
+            history = await handle.fetch_history()
+        assert isinstance(done.output, dict)
+        assert done.output["plan"] == "deploy to prod"
+        assert done.output["review"] == {"approved": True, "reviewer": "ana"}
+        events = list(world.read_run_log(run_id))
+        state = replay_run(world, run_id).state
+    assert state.status == "completed"
+    assert sum(isinstance(e, RunWaiting) for e in events) == 2
+    assert sum(isinstance(e, SignalReceived) for e in events) == 2
+    assert not any(isinstance(e, StepFailed) for e in events)
+    assert _ledger(ledger) == Counter(
+        {"step fetch": 1, "model 1": 1, "tool lookup build": 1, "model 2": 1, "step publish": 1}
+    )
+    replayed = await create_replayer().replay_workflow(history, raise_on_replay_failure=False)
+    assert replayed.replay_failure is None, replayed.replay_failure
+
+
+async def test_a_deadline_on_temporal_records_its_own_outcome(
+    client: Client, tmp_path: Path
+) -> None:
+    queue = f"q-{uuid.uuid4().hex[:12]}"
+    with local_world(tmp_path / "world") as world:
+        async with create_worker(client, world, workflows=[SHORT], task_queue=queue):
+            handle = await start_run(
+                client, SHORT, {}, run_id="run_t_late", task_queue=queue, timeouts=_FAST
+            )
+            with pytest.raises(WorkflowFailureError) as failure:
+                await handle.result()
+        assert "WaitTimedOutError" in repr(failure.value.cause.cause)  # type: ignore[union-attr]
+        state = replay_run(world, "run_t_late").state
+        events = list(world.read_run_log("run_t_late"))
+    assert state.status == "timed_out" and state.stopped_step_path == "go"
+    assert sum(isinstance(e, WaitTimedOut) for e in events) == 1
+    assert "after" not in state.steps
