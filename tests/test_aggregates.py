@@ -76,7 +76,7 @@ def _child(
     )
 
 
-@pytest.mark.backends("sqlite", "postgres")
+@pytest.mark.backends("sqlite", "postgres", "mariadb")
 @pytest.mark.parametrize(
     ("variable", "ticket_after_kill", "executed_on_resume"),
     [
@@ -130,7 +130,7 @@ def test_a_step_killed_around_its_commit_changes_the_ticket_exactly_once(
     assert verified.exit_code == 0, verified.output
 
 
-@pytest.mark.backends("memory", "sqlite", "postgres")
+@pytest.mark.backends("memory", "sqlite", "postgres", "mariadb")
 def test_a_concurrent_change_is_a_retryable_failure_and_the_retry_reads_afresh(
     world: World,
 ) -> None:
