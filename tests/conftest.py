@@ -259,7 +259,6 @@ class WorldSpec:
         conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
         return conn
 
-
     def connect_mysql(self) -> pymysql.connections.Connection[Any]:
         """An autocommit PyMySQL connection to this test's MariaDB database."""
         assert self.database is not None

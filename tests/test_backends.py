@@ -67,8 +67,8 @@ from little_es.backends.sqlite import (
     LittleSQLiteApplicationRecorder,
     LittleSQLiteFactory,
 )
-from little_es.testing import backend as conformance
 from little_es.events import StepCompleted, StepStarted
+from little_es.testing import backend as conformance
 from little_es.values import ArtifactRef
 from little_es.world import World, local_world, memory_world, mysql_world, postgres_world
 from tests.conftest import (

@@ -41,6 +41,7 @@ refused: a crash of the server itself would lose committed results.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import select
@@ -228,9 +229,7 @@ class MySQLBackend(Backend):
                     )
         finally:
             setup.close()
-        super().__init__(
-            app=app, artifacts=artifacts, leases=MySQLRunLeases(info), name=name
-        )
+        super().__init__(app=app, artifacts=artifacts, leases=MySQLRunLeases(info), name=name)
         self._engine = engine
         recorder = app.recorder
         assert isinstance(recorder, LittleSQLAlchemyApplicationRecorder)
@@ -352,16 +351,16 @@ class LittleSQLAlchemyApplicationRecorder(SQLAlchemyApplicationRecorder):
     def create_table(self) -> None:
         """eventsourcing-sqlalchemy's table, the heads table and the append lock's row."""
         super().create_table()
-        assert self.datastore.engine is not None
-        with self.datastore.engine.begin() as conn:
+        engine = self.datastore.engine
+        assert isinstance(engine, Engine)
+        with engine.begin() as conn:
             conn.exec_driver_sql(
                 f"CREATE TABLE IF NOT EXISTS {HEADS_TABLE} (stream_id BINARY(16) PRIMARY KEY,"
                 " version BIGINT NOT NULL, digest VARBINARY(64) NOT NULL,"
                 " running VARBINARY(64) NOT NULL) ENGINE=InnoDB"
             )
             conn.exec_driver_sql(
-                f"CREATE TABLE IF NOT EXISTS {APPEND_LOCK_TABLE} (id INT PRIMARY KEY)"
-                " ENGINE=InnoDB"
+                f"CREATE TABLE IF NOT EXISTS {APPEND_LOCK_TABLE} (id INT PRIMARY KEY) ENGINE=InnoDB"
             )
             conn.exec_driver_sql(f"INSERT IGNORE INTO {APPEND_LOCK_TABLE} VALUES (1)")
 
@@ -455,7 +454,7 @@ class _HeldLock:
         self.conn = conn
         self.name = name
         self.poller = select.poll()
-        sock = conn._sock  # PyMySQL has no public accessor for its socket
+        sock = conn._sock  # type: ignore[attr-defined]  # PyMySQL has no public accessor
         assert sock is not None
         self.poller.register(sock.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
         self.verified_at = time.monotonic()
@@ -509,10 +508,9 @@ class MySQLRunLeases(RunLeases):
     def _release(self, token: _HeldLock) -> None:
         with token.mutex:
             token.closed = True
-            try:
+            # Already gone, maybe: the server released the lock with it.
+            with contextlib.suppress(pymysql.err.Error):
                 token.conn.close()
-            except pymysql.err.Error:
-                pass  # already gone: the server released the lock with it
 
     def _lost(self, token: _HeldLock) -> str | None:
         with token.mutex:
