@@ -14,6 +14,8 @@ import functools
 import re
 import sqlite3
 import tempfile
+import threading
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,7 +47,6 @@ from eventsourcing.tests import persistence
 from eventsourcing.utils import Environment, get_topic
 from eventsourcing_sqlalchemy.recorders import (
     SQLAlchemyAggregateRecorder,
-    SQLAlchemyProcessRecorder,
     SQLAlchemyTrackingRecorder,
 )
 from psycopg import sql
@@ -58,6 +59,7 @@ from little_es.backends.memory import (
 from little_es.backends.mysql import (
     LittleSQLAlchemyApplicationRecorder,
     LittleSQLAlchemyFactory,
+    LittleSQLAlchemyProcessRecorder,
     MySQLBackend,
 )
 from little_es.backends.postgres import LittlePostgresApplicationRecorder, LittlePostgresFactory
@@ -593,6 +595,45 @@ class TestMySQLWorld(MySQLStorage, conformance.BackendTestCase):
         ):
             pass
 
+    def test_mysql_appends_commit_in_notification_id_order(self) -> None:
+        # A writer holding an uncommitted id (here: a raw insert that took the append lock
+        # first, as every insert of the backend does) makes the next append wait, so no
+        # reader of notifications sees a later id committed before an earlier one.
+        world = self.world
+        world.save(conformance._start_run("run_first"))
+        appended = threading.Event()
+
+        def append() -> None:
+            world.save(conformance._start_run("run_second"))
+            appended.set()
+
+        with self.connect() as conn, conn.cursor() as cur:
+            conn.begin()
+            cur.execute("SELECT id FROM little_es_append_lock WHERE id = 1 FOR UPDATE")
+            cur.execute(
+                "INSERT INTO littlees_events (originator_id, originator_version, topic, state)"
+                " VALUES (%s, 1, 'early', 'uncommitted')",
+                (uuid.uuid4().bytes,),
+            )
+            cur.execute("SELECT LAST_INSERT_ID()")
+            row = cur.fetchone()
+            assert row is not None
+            early = int(row[0])
+            writer = threading.Thread(target=append)
+            writer.start()
+            try:
+                self.assertFalse(
+                    appended.wait(1.0), "an append committed while an earlier id was uncommitted"
+                )
+            finally:
+                conn.commit()
+                writer.join(timeout=60)
+        self.assertTrue(appended.is_set())
+        later = world.app.recorder.select_notifications(start=early, limit=10)
+        self.assertEqual(later[0].id, early)
+        self.assertGreater(later[1].id, early)
+        self.assertEqual(later[1].topic, "RunStarted")
+
     def test_mysql_big_snapshot_and_artifact_round_trip(self) -> None:
         # Above BLOB's 64 KiB (the column is LONGBLOB) and above one artifact chunk.
         world = self.world
@@ -673,6 +714,44 @@ class TestMySQLNonInterleavingNotificationIds(
         return recorder
 
 
+class _ExtensionsInsert(LittleSQLAlchemyApplicationRecorder):
+    """The recorder on its MySQL path: eventsourcing-sqlalchemy's own ORM insert (no RETURNING)."""
+
+    def _returns_ids(self, session: Any) -> bool:
+        return False
+
+
+class _ExtensionsInsertFactory(LittleSQLAlchemyFactory):
+    application_recorder_class = _ExtensionsInsert
+
+
+class _ExtensionsInsertRecorder(MySQLStorage):
+    """The application recorder of a factory on the MySQL insert path (a mixin)."""
+
+    durable: bool = True
+
+    def create_recorder(self) -> ApplicationRecorder:
+        factory = _ExtensionsInsertFactory(Environment("LittleEs", {"SQLALCHEMY_URL": self.url}))
+        self.addCleanup(factory.close)
+        recorder = factory.application_recorder()
+        assert isinstance(recorder, _ExtensionsInsert)
+        return recorder
+
+
+@pytest.mark.mariadb
+class TestMySQLExtensionsInsertEventRecorder(
+    _ExtensionsInsertRecorder, conformance.EventRecorderTestCase
+):
+    pass
+
+
+@pytest.mark.mariadb
+class TestMySQLExtensionsInsertNonInterleaving(
+    _ExtensionsInsertRecorder, persistence.NonInterleavingNotificationIDsBaseCase
+):
+    insert_num = 200
+
+
 class _SQLAlchemyTrackingSubclass(SQLAlchemyTrackingRecorder):
     pass
 
@@ -708,4 +787,4 @@ class TestMySQLFactory(persistence.InfrastructureFactoryTestCase[LittleSQLAlchem
         return _SQLAlchemyTrackingSubclass
 
     def expected_process_recorder_class(self) -> type[ProcessRecorder]:
-        return SQLAlchemyProcessRecorder
+        return LittleSQLAlchemyProcessRecorder

@@ -63,7 +63,10 @@ from eventsourcing_sqlalchemy.models import (  # type: ignore[attr-defined]
     SnapshotRecord,
     StoredEventRecord,
 )
-from eventsourcing_sqlalchemy.recorders import SQLAlchemyApplicationRecorder
+from eventsourcing_sqlalchemy.recorders import (
+    SQLAlchemyApplicationRecorder,
+    SQLAlchemyProcessRecorder,
+)
 from sqlalchemy import Column, LargeBinary, text
 from sqlalchemy.dialects.mysql import LONGBLOB
 from sqlalchemy.engine import Engine
@@ -339,17 +342,27 @@ class LittleSQLAlchemyDatastore(SQLAlchemyDatastore):
         super().__init__(**kwargs)
 
 
-class LittleSQLAlchemyApplicationRecorder(SQLAlchemyApplicationRecorder):
-    """eventsourcing-sqlalchemy's recorder; inserts commit in id order and keep stream heads.
+_INSERT_BATCH_BYTES = 4 << 20
+"""The most state bytes one multi-row INSERT carries (one packet: see :data:`ARTIFACT_CHUNK`)."""
 
-    Every insert first locks the row of :data:`APPEND_LOCK_TABLE` (see the
-    module), and moves the heads of its streams (``HEADS_TABLE``) in the same
-    transaction. ``durable`` is accepted and changes nothing: InnoDB flushes
-    every commit as the server is set to.
+
+class _InIdOrder(SQLAlchemyApplicationRecorder):
+    """Inserts that commit in notification-id order and keep stream heads.
+
+    Shared by the application and the process recorder of the factory (both
+    write the events table). Every insert first locks the row of
+    :data:`APPEND_LOCK_TABLE` (see the module), and moves the heads of its
+    streams (``HEADS_TABLE``) in the same transaction. ``durable`` is accepted
+    and changes nothing: InnoDB flushes every commit as the server is set to.
+
+    On MariaDB 10.5 and later the rows go in as one ``INSERT ... RETURNING id``
+    per 4 MiB instead of eventsourcing-sqlalchemy's ORM flush (measured: half a
+    step's commit time there was the ORM's unit of work); MySQL has no
+    ``RETURNING``, and keeps the extension's own insert.
     """
 
     def create_table(self) -> None:
-        """eventsourcing-sqlalchemy's table, the heads table and the append lock's row."""
+        """eventsourcing-sqlalchemy's tables, the heads table and the append lock's row."""
         super().create_table()
         engine = self.datastore.engine
         assert isinstance(engine, Engine)
@@ -376,7 +389,10 @@ class LittleSQLAlchemyApplicationRecorder(SQLAlchemyApplicationRecorder):
         durable: bool = True,
         **kwargs: Any,
     ) -> Sequence[int]:
-        ids = super()._insert_stored_events(session, stored_events, **kwargs)
+        if self._returns_ids(session):
+            ids = self._insert_returning(session, stored_events)
+        else:
+            ids = super()._insert_stored_events(session, stored_events, **kwargs)
         if heads:
             session.execute(
                 text(
@@ -391,12 +407,65 @@ class LittleSQLAlchemyApplicationRecorder(SQLAlchemyApplicationRecorder):
             )
         return ids
 
+    def _returns_ids(self, session: Session) -> bool:
+        """Whether the server has ``INSERT ... RETURNING`` (MariaDB 10.5 and later)."""
+        dialect = session.get_bind().dialect
+        version = dialect.server_version_info or ()
+        return bool(getattr(dialect, "is_mariadb", False)) and tuple(version[:2]) >= (10, 5)
+
+    def _insert_returning(
+        self, session: Session, stored_events: Sequence[StoredEvent]
+    ) -> list[int]:
+        if not stored_events:
+            return []
+        self._lock_table(session)
+        conn = session.connection()
+        ids: list[int] = []
+        batch: list[StoredEvent] = []
+        size = 0
+        for i, event in enumerate(stored_events):
+            batch.append(event)
+            size += len(event.state)
+            if size >= _INSERT_BATCH_BYTES or i == len(stored_events) - 1:
+                rows = conn.exec_driver_sql(
+                    f"INSERT INTO {self.events_table_name} (originator_id, originator_version,"
+                    f" topic, state) VALUES {','.join(['(%s, %s, %s, %s)'] * len(batch))}"
+                    " RETURNING id",
+                    tuple(
+                        value
+                        for e in batch
+                        for value in (
+                            _uuid_bytes(e.originator_id),
+                            e.originator_version,
+                            e.topic,
+                            e.state,
+                        )
+                    ),
+                ).fetchall()
+                # MariaDB returns the rows of one INSERT in the order of its VALUES.
+                ids.extend(int(row[0]) for row in rows)
+                batch, size = [], 0
+        return ids
+
+
+def _uuid_bytes(originator_id: UUID | str) -> bytes:
+    return (originator_id if isinstance(originator_id, UUID) else UUID(str(originator_id))).bytes
+
+
+class LittleSQLAlchemyApplicationRecorder(_InIdOrder):
+    """eventsourcing-sqlalchemy's application recorder, inserting in id order (see the base)."""
+
+
+class LittleSQLAlchemyProcessRecorder(_InIdOrder, SQLAlchemyProcessRecorder):
+    """eventsourcing-sqlalchemy's process recorder, inserting in id order (see the base)."""
+
 
 class LittleSQLAlchemyFactory(SQLAlchemyFactory):
     """eventsourcing-sqlalchemy's factory with the datastore and recorder above."""
 
     datastore_class = LittleSQLAlchemyDatastore
     application_recorder_class = LittleSQLAlchemyApplicationRecorder
+    process_recorder_class = LittleSQLAlchemyProcessRecorder
 
     def close(self) -> None:
         """Close the engine's pooled connections (eventsourcing-sqlalchemy leaves them open)."""
