@@ -389,6 +389,7 @@ class _InIdOrder(SQLAlchemyApplicationRecorder):
         durable: bool = True,
         **kwargs: Any,
     ) -> Sequence[int]:
+        ids: Sequence[int]
         if self._returns_ids(session):
             ids = self._insert_returning(session, stored_events)
         else:
