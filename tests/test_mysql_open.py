@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
 from conftest import WorldSpec, mysql_database_url, require_mysql
@@ -74,3 +77,17 @@ def test_the_world_reports_the_settings_it_was_opened_on(world_spec: WorldSpec) 
             assert isinstance(backend, MySQLBackend)
             assert backend.durability.level in ("full", "normal")
             assert world.backend.name == url + suffix
+
+
+def test_a_process_without_a_mysql_world_imports_neither_sqlalchemy_nor_pymysql(
+    tmp_path: Path,
+) -> None:
+    # The extra is optional, and importing SQLAlchemy would slow every start of the CLI.
+    code = (
+        "import sys; from little_es import open_world\n"
+        f"open_world('sqlite:///{tmp_path / 'w'}').close()\n"
+        "print(sorted(m for m in ('sqlalchemy', 'pymysql', 'eventsourcing_sqlalchemy')"
+        " if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
