@@ -8,6 +8,7 @@ from little_es.aggregates import StepAggregates
 from little_es.backends.base import Lease, RunSummary, check_leases
 from little_es.domain import HarnessSession, LoopCycle, OuterLoop, PriceBook, Run
 from little_es.durability import cancel_run
+from little_es.engine.engines import LocalEngine, RunEngine
 from little_es.engine.local import RunResult, run_workflow
 from little_es.errors import (
     AggregateArgumentError,
@@ -25,6 +26,9 @@ from little_es.errors import (
     EngineUnsupportedError,
     EventLogError,
     EventPayloadError,
+    ForkError,
+    ForkPointError,
+    ForkRunExistsError,
     InvalidBranchSetError,
     InvalidRunIdError,
     InvalidStepPathError,
@@ -71,6 +75,8 @@ from little_es.events import (
     BudgetExceeded,
     BudgetSet,
     Event,
+    ForkedSession,
+    ForkOrigin,
     HarnessEvent,
     ModelCalled,
     ModelPriceSet,
@@ -88,6 +94,7 @@ from little_es.events import (
     RunCompleted,
     RunEvent,
     RunFailed,
+    RunForked,
     RunResumed,
     RunStarted,
     SessionCompleted,
@@ -99,7 +106,9 @@ from little_es.events import (
     ToolCallFailed,
     ToolCallStarted,
     ToolCallSucceeded,
+    WorkflowAdopted,
 )
+from little_es.fork import fork_points, fork_run
 from little_es.harness.model import Model, ScriptedModel, ScriptedReply
 from little_es.harness.session import SessionOutcome, run_agent_session
 from little_es.harness.tools import Tool, ToolContext, resolve_tools, tool
@@ -203,6 +212,11 @@ __all__ = [
     "Event",
     "EventLogError",
     "EventPayloadError",
+    "ForkError",
+    "ForkOrigin",
+    "ForkPointError",
+    "ForkRunExistsError",
+    "ForkedSession",
     "HarnessEvent",
     "HarnessSession",
     "HydratedArtifact",
@@ -212,6 +226,7 @@ __all__ = [
     "Lease",
     "LeaseLostError",
     "LittleEsError",
+    "LocalEngine",
     "LogTamperedError",
     "LoggingConfigError",
     "LoopContext",
@@ -259,9 +274,11 @@ __all__ = [
     "RunCancelled",
     "RunCancelledError",
     "RunCompleted",
+    "RunEngine",
     "RunEvent",
     "RunFailed",
     "RunFailedError",
+    "RunForked",
     "RunInputMismatchError",
     "RunNotFoundError",
     "RunRequestError",
@@ -308,6 +325,7 @@ __all__ = [
     "VerifyReport",
     "VisitLimitError",
     "Workflow",
+    "WorkflowAdopted",
     "WorkflowChangedError",
     "WorkflowDefinitionError",
     "WorkflowRefError",
@@ -320,6 +338,8 @@ __all__ = [
     "check_leases",
     "configure_logging",
     "decision",
+    "fork_points",
+    "fork_run",
     "get_logger",
     "get_model_info_for",
     "list_outer_loops",

@@ -8,6 +8,8 @@ plugins' in :func:`_register_plugins`:
 * ``little run | resume`` - drive a workflow (:mod:`little_es.cli.run`);
 * ``little cancel | diff`` - stop a run from outside; compare two runs
   (:mod:`little_es.cli.operate`);
+* ``little fork`` - a new run from a point of another run's history
+  (:mod:`little_es.cli.fork`);
 * ``little unlock`` - who holds a run's lease; ``--force`` takes it from a
   stuck holder (:mod:`little_es.cli.unlock`);
 * ``little ui`` - a local, read-only web page of the world's runs (the ``ui`` extra,
@@ -44,7 +46,7 @@ from eventsourcing.persistence import PersistenceError
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from little_es.cli import inspection, operate, prices, run, ui, unlock
+from little_es.cli import fork, inspection, operate, prices, run, ui, unlock
 from little_es.errors import LittleEsError
 
 __all__ = ["OPTIONAL_COMMANDS", "PLUGIN_GROUP", "app"]
@@ -162,6 +164,7 @@ def _register(app: typer.Typer) -> None:
     app.command("resume")(run.resume_command)
     app.command("cancel")(operate.cancel_command)
     app.command("diff")(operate.diff_command)
+    app.command("fork")(fork.fork_command)
     app.command("unlock")(unlock.unlock_command)
     app.command("ui")(ui.ui_command)
     app.add_typer(prices.prices_app, name="prices")
