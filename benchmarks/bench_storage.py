@@ -1,7 +1,8 @@
-"""How fast the event log stores and reads events, on SQLite and PostgreSQL.
+"""How fast the event log stores and reads events, on SQLite, PostgreSQL and MariaDB.
 
 For each backend, in a fresh world (a temporary directory; a PostgreSQL schema
-created for the run and dropped after it), with a realistic harness mix (mostly
+or a MariaDB database created for the run and dropped after it), with a
+realistic harness mix (mostly
 ``harness.model.called`` / ``harness.model.responded`` of a few hundred bytes,
 some tool calls):
 
@@ -9,6 +10,11 @@ some tool calls):
   transaction, over ``--single`` samples, apart for results (fsynced:
   ``model.responded``, ``tool_call.succeeded``) and write-ahead records (not
   fsynced: ``model.called``, ``tool_call.started``);
+* a step's storage: the median time of a task step's two commits (``StepStarted``,
+  write-ahead, then ``StepCompleted``, a result) through ``World.save``, beside a
+  floor measured in the same run: two plain ``INSERT`` + ``COMMIT`` of rows of
+  the same size into a table of the same database, through the bare driver
+  (``sqlite3`` with the world's pragmas / ``psycopg`` / ``pymysql``);
 * append batch: events/s of ``World.save`` over ``--events`` events, ``--batch``
   per save (encoding and writing; building the events is timed apart);
 * read_stream: events/s of ``World.read_stream`` of that stream (decoded and
@@ -20,7 +26,8 @@ some tool calls):
 Snapshotting is switched off: it is not storage, and a ``HarnessSession``
 snapshot holds the whole session (see ``bench_snapshots.py``).
 
-    .venv/bin/python benchmarks/bench_storage.py [--events 100000] [--backends sqlite,postgres]
+    .venv/bin/python benchmarks/bench_storage.py [--events 100000] \
+        [--backends sqlite,postgres,mariadb]
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg
+import pymysql
 from psycopg import sql
 
 from benchmarks.figures import Figures, add_json_option, reporting
@@ -55,18 +63,25 @@ from little_es import (
     ModelCalled,
     ModelResponded,
     ModelResponse,
+    Run,
+    RunStarted,
     SessionStarted,
+    StepCompleted,
+    StepStarted,
     ToolCall,
     ToolCallStarted,
     ToolCallSucceeded,
     Usage,
     World,
     local_world,
+    mysql_world,
     postgres_world,
 )
+from little_es.pricing import price_usage_exact
 from little_es.world import LittleApplication
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+DEFAULT_MYSQL = "127.0.0.1:3306"
 RUN_ID = "run_bench_storage"
 
 _WORDS = [
@@ -211,6 +226,10 @@ class Backend:
     def cleanup(self) -> None:
         """Remove what the benchmark stored."""
 
+    def commit_floor(self, row: bytes) -> Callable[[], None]:
+        """A function that does one plain INSERT of ``row`` and its COMMIT via the bare driver."""
+        raise NotImplementedError
+
 
 class SqliteBackend(Backend):
     """``local_world`` in a temporary directory."""
@@ -239,6 +258,19 @@ class SqliteBackend(Backend):
         loads = orjson.loads
         # The floor parses the payload behind each row's chain frame, unverified.
         return [(topic, loads(state[65:])) for topic, state in rows]
+
+    def commit_floor(self, row: bytes) -> Callable[[], None]:
+        """sqlite3 in the world's file, WAL and synchronous=FULL as the world has them."""
+        conn = sqlite3.connect(self.data_dir / "events.sqlite3", isolation_level=None)
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("CREATE TABLE IF NOT EXISTS bench_floor (id INTEGER PRIMARY KEY, b BLOB)")
+
+        def insert() -> None:
+            conn.execute("BEGIN")
+            conn.execute("INSERT INTO bench_floor (b) VALUES (?)", (row,))
+            conn.execute("COMMIT")
+
+        return insert
 
     def describe(self) -> str:
         """SQLite library version and journal mode."""
@@ -286,12 +318,135 @@ class PostgresBackend(Backend):
         assert row is not None and sync is not None
         return f"PostgreSQL {row[0]} (synchronous_commit={sync[0]}, psycopg {psycopg.__version__})"
 
+    def commit_floor(self, row: bytes) -> Callable[[], None]:
+        """psycopg, one connection, in the world's schema."""
+        conn = psycopg.connect(self.dsn, autocommit=True)
+        table = sql.SQL("{}.bench_floor").format(sql.Identifier(self.schema))
+        conn.execute(sql.SQL("CREATE TABLE {} (id bigserial PRIMARY KEY, b bytea)").format(table))
+        statement = sql.SQL("INSERT INTO {} (b) VALUES (%s)").format(table)
+
+        def insert() -> None:
+            with conn.transaction():
+                conn.execute(statement, (row,))
+
+        return insert
+
     def cleanup(self) -> None:
         """Drop the schema."""
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             conn.execute(
                 sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(self.schema))
             )
+
+
+class MySQLBackend(Backend):
+    """``mysql_world`` in a database of its own."""
+
+    name = "mariadb"
+
+    def __init__(self, server: str) -> None:
+        host, _, port = server.partition(":")
+        self._connect_args: dict[str, Any] = {
+            "host": host,
+            "port": int(port or 3306),
+            "user": "root",
+            "autocommit": True,
+        }
+        self.database = f"little_es_bench_{uuid.uuid4().hex[:10]}"
+        with pymysql.connect(**self._connect_args) as conn, conn.cursor() as cur:
+            cur.execute(f"CREATE DATABASE `{self.database}`")
+        self.url = f"mysql+pymysql://root@{host}:{port or 3306}/{self.database}"
+
+    def _connect(self) -> pymysql.connections.Connection[Any]:
+        return pymysql.connect(**self._connect_args, database=self.database)
+
+    def open(self) -> World:
+        """Open the world."""
+        return mysql_world(self.url)
+
+    def raw_read(self, stream_id: UUID) -> list[tuple[str, Any]]:
+        """Direct pymysql query plus orjson."""
+        with self._connect() as conn, conn.cursor() as cur:
+            cur.execute(
+                "SELECT topic, state FROM littlees_events WHERE originator_id = %s"
+                " ORDER BY originator_version",
+                (stream_id.bytes,),
+            )
+            rows = cur.fetchall()
+        loads = orjson.loads
+        return [(topic, loads(state[65:])) for topic, state in rows]
+
+    def commit_floor(self, row: bytes) -> Callable[[], None]:
+        """pymysql, one connection, in the world's database."""
+        conn = self._connect()
+        with conn.cursor() as cur:
+            cur.execute(
+                "CREATE TABLE bench_floor (id BIGINT AUTO_INCREMENT PRIMARY KEY, b LONGBLOB)"
+                " ENGINE=InnoDB"
+            )
+        conn.autocommit(False)
+
+        def insert() -> None:
+            with conn.cursor() as cur:
+                cur.execute("INSERT INTO bench_floor (b) VALUES (%s)", (row,))
+            conn.commit()
+
+        return insert
+
+    def describe(self) -> str:
+        """Server version and its commit-flush settings."""
+        with self._connect() as conn, conn.cursor() as cur:
+            cur.execute(
+                "SELECT VERSION(), @@innodb_flush_log_at_trx_commit, @@log_bin, @@sync_binlog"
+            )
+            row = cur.fetchone()
+        assert row is not None
+        binlog = f"log_bin=ON, sync_binlog={row[3]}" if row[2] else "log_bin=OFF"
+        return (
+            f"MariaDB/MySQL {row[0]} (innodb_flush_log_at_trx_commit={row[1]}, {binlog},"
+            f" eventsourcing-sqlalchemy {importlib.metadata.version('eventsourcing-sqlalchemy')},"
+            f" PyMySQL {pymysql.__version__})"
+        )
+
+    def cleanup(self) -> None:
+        """Drop the database."""
+        with pymysql.connect(**self._connect_args) as conn, conn.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS `{self.database}`")
+
+
+def _steps(world: World, backend: Backend, samples: int) -> tuple[float, float]:
+    """Median ms of a task step's two commits, and of two plain INSERT + COMMIT of such rows."""
+    run = Run("run_bench_steps", price_usage_exact)
+    run.trigger(
+        RunStarted,
+        run_id="run_bench_steps",
+        workflow_id="bench",
+        workflow_version="1",
+        ir_hash="f" * 64,
+        input={},
+    )
+    world.save(run)
+    step_times: list[float] = []
+    for i in range(samples):
+        path = f"s{i}"
+        start = time.perf_counter()
+        run.trigger(StepStarted, step_path=path, step_id=path, kind="task", visit=1, attempt=1)
+        world.save(run)
+        run.trigger(
+            StepCompleted, step_path=path, step_id=path, visit=1, attempt=1, output={"i": i}
+        )
+        world.save(run)
+        step_times.append(time.perf_counter() - start)
+    rows = world.select_stored(run.id)
+    row = os.urandom(int(statistics.fmean(len(r.state) for r in rows)))
+    insert = backend.commit_floor(row)
+    floor_times: list[float] = []
+    for _ in range(samples):
+        start = time.perf_counter()
+        insert()
+        insert()
+        floor_times.append(time.perf_counter() - start)
+    return statistics.median(step_times) * 1000, statistics.median(floor_times) * 1000
 
 
 def _best(repeat: int, fn: Callable[[], int]) -> tuple[float, int]:
@@ -338,6 +493,7 @@ def measure(
             times = samples[write_ahead]
             out[f"{key}_median_ms"] = statistics.median(times) * 1000
             out[f"{key}_p95_ms"] = statistics.quantiles(times, n=20)[-1] * 1000
+        out["step_ms"], out["floor_ms"] = _steps(world, backend, single)
 
         # Batches of ``batch`` events per save, into one long stream.
         session = open_session(RUN_ID, "long")
@@ -386,6 +542,8 @@ def _table(results: dict[str, dict[str, Any]], batch: int, single: int) -> str:
             f"append 1 write-ahead record [{single} saves]",
             "{ahead_median_ms:.2f} ms ({ahead_p95_ms:.2f})",
         ),
+        (f"a task step's two commits, median [{single}]", "{step_ms:.2f} ms"),
+        ("  floor: 2 x bare INSERT + COMMIT", "{floor_ms:.2f} ms"),
         (f"append, {batch} events per save", "{append_eps:,.0f} ev/s"),
         ("  (building the events, apart)", "{build_eps:,.0f} ev/s"),
         ("read_stream, decoded + validated", "{read_eps:,.0f} ev/s"),
@@ -416,16 +574,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=500, help="events per save when batching")
     parser.add_argument("--single", type=int, default=200, help="one-event saves to time")
     parser.add_argument("--repeat", type=int, default=3, help="reads per figure (best is kept)")
-    parser.add_argument("--backends", default="sqlite,postgres", help="comma-separated")
+    parser.add_argument("--backends", default="sqlite,postgres,mariadb", help="comma-separated")
     parser.add_argument(
         "--dsn",
         default=os.environ.get("LITTLE_ES_TEST_POSTGRES_DSN", DEFAULT_DSN),
         help="PostgreSQL server (a schema is created and dropped)",
     )
+    parser.add_argument(
+        "--mysql",
+        default=DEFAULT_MYSQL,
+        help="MariaDB/MySQL server host:port, user root (a database is created and dropped)",
+    )
     add_json_option(parser)
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.backends.split(",") if n.strip()]
-    unknown = set(names) - {"sqlite", "postgres"}
+    unknown = set(names) - {"sqlite", "postgres", "mariadb"}
     if unknown or args.events < 2 or args.batch < 1 or args.single < 2:
         parser.error(
             f"unknown backend(s) {sorted(unknown)}"
@@ -439,7 +602,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         results: dict[str, dict[str, Any]] = {}
         for name in names:
-            backend: Backend = SqliteBackend() if name == "sqlite" else PostgresBackend(args.dsn)
+            backend: Backend = (
+                SqliteBackend()
+                if name == "sqlite"
+                else PostgresBackend(args.dsn)
+                if name == "postgres"
+                else MySQLBackend(args.mysql)
+            )
             try:
                 results[name] = measure(
                     backend,
@@ -467,6 +636,13 @@ def _figures(figures: Figures, name: str, r: dict[str, Any], batch: int, single:
         f"{name}: append one write-ahead record (one transaction), median of {single}",
         r["ahead_median_ms"],
         "ms",
+    )
+    figures.add(
+        f"{name}: a task step's two commits (StepStarted, StepCompleted), median of {single}",
+        r["step_ms"],
+        "ms",
+        baseline=r["floor_ms"],
+        baseline_what="two bare INSERT + COMMIT of rows that size, same database",
     )
     figures.add(
         f"{name}: append {r['events']:,} events, {batch} per transaction", r["append_eps"], "ev/s"

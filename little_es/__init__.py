@@ -194,7 +194,14 @@ from little_es.workflow.authoring import (
 )
 from little_es.workflow.context import StepContext
 from little_es.workflow.ir import END, RetryPolicy
-from little_es.world import World, local_world, memory_world, open_world, postgres_world
+from little_es.world import (
+    World,
+    local_world,
+    memory_world,
+    mysql_world,
+    open_world,
+    postgres_world,
+)
 
 __all__ = [
     "END",
@@ -377,6 +384,7 @@ __all__ = [
     "loop_view",
     "materialize_run_state",
     "memory_world",
+    "mysql_world",
     "new_run_id",
     "open_world",
     "parallel",

@@ -39,15 +39,17 @@ retried append checks the lease again, so it stops with
 
 What a power cut may take: a commit that holds a result (``StepCompleted``,
 ``StepFailed``, ``RunStarted``...) is fsynced before the engine goes on (on
-SQLite with ``synchronous="full"``, the default; always on PostgreSQL). A
-commit of nothing but write-ahead records (``StepStarted``,
-``ParallelBranchScheduled``, ``SubRunReserved``, and the harness's
-``harness.session.started``, ``harness.model.called`` and
-``harness.tool_call.started``) is not: such a record only says that a call is
-in flight, and losing it makes that call run again on resume, which a crash
-before the call's result makes happen anyway. Logs are written in order, so
-the fsync of the next result makes every earlier record durable with it, and
-a killed process loses no committed record at all (see
+SQLite with ``synchronous="full"``, the default; always on PostgreSQL; on
+MariaDB/MySQL as the server's settings say, which the world checks when it
+opens: :mod:`little_es.backends.mysql`). A commit of nothing but write-ahead
+records (``StepStarted``, ``ParallelBranchScheduled``, ``SubRunReserved``, and
+the harness's ``harness.session.started``, ``harness.model.called`` and
+``harness.tool_call.started``) is not (on MariaDB/MySQL it is: InnoDB flushes
+every commit alike): such a record only says that a call is in flight, and
+losing it makes that call run again on resume, which a crash before the call's
+result makes happen anyway. Logs are written in order, so the fsync of the
+next result makes every earlier record durable with it, and a killed process
+loses no committed record at all (see
 :attr:`~little_es.events.Event.write_ahead`).
 """
 

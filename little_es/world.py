@@ -10,9 +10,12 @@ functions here open one from arguments or a URL:
   under a data directory (the embedded default, ``.little-workflow``);
 * :func:`postgres_world` - eventsourcing's PostgreSQL recorder, artifacts in
   the same database;
+* :func:`mysql_world` - eventsourcing-sqlalchemy on MariaDB or MySQL,
+  artifacts in the same database;
 * :func:`memory_world` - in-process, for tests;
 * :func:`open_world` - any of them from a URL (``sqlite:///path/to/dir``,
-  ``postgresql://...``, ``memory://``), or from ``LITTLE_ES_WORLD``.
+  ``postgresql://...``, ``mysql+pymysql://...``, ``memory://``), or from
+  ``LITTLE_ES_WORLD``.
 
 The world only ever inserts events. No code path updates or deletes one.
 """
@@ -178,9 +181,16 @@ EVENTSOURCING_VARIABLES = frozenset(
         "POSTGRES_IDLE_IN_TRANSACTION_SESSION_TIMEOUT",
         "POSTGRES_SCHEMA",
         "POSTGRES_ENABLE_DB_FUNCTIONS",
+        # eventsourcing_sqlalchemy
+        "SQLALCHEMY_URL",
+        "SQLALCHEMY_AUTOFLUSH",
+        "SQLALCHEMY_CONNECTION_CREATOR_TOPIC",
+        "SQLALCHEMY_SCOPED_SESSION_TOPIC",
+        "SQLALCHEMY_SCHEMA",
     }
 )
-"""The settings eventsourcing reads from an application's environment (9.5's source).
+"""The settings eventsourcing (9.5's source) and eventsourcing-sqlalchemy (1.0's) read from an
+application's environment.
 
 eventsourcing merges ``os.environ`` over every application's settings, and
 reads each one first as ``{APP NAME}_{SETTING}``. A world's application does
@@ -1238,11 +1248,73 @@ def postgres_world(dsn: str, *, schema: str = "") -> World:
     return World(backend)
 
 
+MYSQL_SCHEMES = ("mysql+pymysql", "mariadb+pymysql")
+
+
+def mysql_world(url: str) -> World:
+    """A world in a MariaDB or MySQL database (``mysql+pymysql://user:pw@host:port/dbname``).
+
+    The database must exist. ``?synchronous=normal`` accepts a server whose
+    settings flush commits only about once a second (see
+    :mod:`little_es.backends.mysql`); by default such a server is refused.
+    """
+    if not isinstance(url, str):
+        raise WorldConfigError(f"a world URL is a string, got {type(url).__name__}")
+    parts = urlsplit(url)
+    if parts.scheme not in MYSQL_SCHEMES:
+        raise WorldConfigError(
+            f"not a mysql+pymysql:// URL: {_redact(url)} (use mysql+pymysql://user@host/dbname)"
+        )
+    database = unquote(parts.path.lstrip("/"))
+    if not database:
+        raise WorldConfigError(f"the URL names no database: {_redact(url)} (add /dbname)")
+    if re.fullmatch(r"[A-Za-z0-9_$]{1,64}", database) is None:
+        raise WorldConfigError(
+            f"invalid database name {database!r}: letters, digits, _ and $, at most 64"
+        )
+    options = parse_qs(parts.query)
+    unknown = sorted(set(options) - {"synchronous"})
+    if unknown:
+        raise WorldConfigError(f"unknown mysql+pymysql:// URL options {unknown}: only synchronous")
+    synchronous = options.get("synchronous", ["full"])[0]
+    if synchronous not in ("full", "normal"):
+        raise WorldConfigError(
+            f"synchronous must be 'full' or 'normal', got {synchronous!r}"
+            " (see little_es.backends.mysql)"
+        )
+    try:
+        # Here, not at the top: SQLAlchemy and PyMySQL are an optional extra.
+        from little_es.backends.mysql import ConnectionInfo, MySQLBackend
+    except ImportError as exc:
+        raise WorldConfigError(
+            f"cannot open MySQL world {_redact(url)}: {exc}; install little-es[mysql]"
+        ) from exc
+    try:
+        backend = MySQLBackend(
+            LittleApplication,
+            info=ConnectionInfo(
+                host=parts.hostname or "127.0.0.1",
+                port=parts.port or 3306,
+                user=unquote(parts.username or "root"),
+                password=unquote(parts.password or ""),
+                database=database,
+            ),
+            synchronous=synchronous,  # type: ignore[arg-type]
+            name=_redact(url),
+        )
+    except WorldConfigError:
+        raise
+    except Exception as exc:
+        raise WorldConfigError(f"cannot open MySQL world {_redact(url)}: {exc}") from exc
+    return World(backend)
+
+
 def open_world(url: str | None = None) -> World:
     """Open the world a URL names; with no URL, ``$LITTLE_ES_WORLD`` or ``./.little-workflow``.
 
     ``sqlite:///relative/dir``, ``sqlite:////absolute/dir`` (``?synchronous=normal``
-    for :func:`local_world`'s option), ``postgresql://...``, ``memory://``.
+    for :func:`local_world`'s option), ``postgresql://...``,
+    ``mysql+pymysql://...`` (:func:`mysql_world`), ``memory://``.
     """
     if url is not None and not isinstance(url, str):
         raise WorldConfigError(
@@ -1264,8 +1336,11 @@ def open_world(url: str | None = None) -> World:
         return local_world(path, synchronous=synchronous)  # type: ignore[arg-type]
     if url.startswith(("postgresql://", "postgres://")):
         return postgres_world(url)
+    if url.startswith(tuple(f"{scheme}://" for scheme in MYSQL_SCHEMES)):
+        return mysql_world(url)
     raise WorldConfigError(
-        f"unknown world URL {_redact(url)!r}: use sqlite:///dir, postgresql://..., or memory://"
+        f"unknown world URL {_redact(url)!r}: use sqlite:///dir, postgresql://...,"
+        " mysql+pymysql://..., or memory://"
     )
 
 

@@ -27,7 +27,7 @@ from little_es.harness.session import run_agent_session
 from little_es.harness.tools import Tool, ToolContext, tool
 from little_es.logging import configure_logging
 from little_es.values import ModelRequest, ModelResponse, ToolCall, Usage
-from little_es.world import local_world
+from little_es.world import local_world, open_world
 
 RUN_ID = "run_crash_agent"
 STEP_PATH = "agent"
@@ -109,9 +109,11 @@ def _tools(ledger: _Ledger) -> list[Tool]:
     return [tool(lookup), tool(add)]
 
 
-async def _main(world_dir: Path, ledger_path: Path, label: str) -> None:
+async def _main(world_dir: Path, ledger_path: Path, label: str, url: str | None) -> None:
     ledger = _Ledger(ledger_path, label)
-    with local_world(world_dir) as world:
+    # With a URL, the world is there and WORLD_DIR only holds conversation.json.
+    world_dir.mkdir(parents=True, exist_ok=True)
+    with local_world(world_dir) if url is None else open_world(url) as world:
         outcome = await run_agent_session(
             world,
             run_id=RUN_ID,
@@ -144,4 +146,5 @@ async def _main(world_dir: Path, ledger_path: Path, label: str) -> None:
 if __name__ == "__main__":
     configure_logging(json=True, level="WARNING")
     world_arg, ledger_arg, label_arg = sys.argv[1:4]
-    asyncio.run(_main(Path(world_arg), Path(ledger_arg), label_arg))
+    url_arg = sys.argv[4] if len(sys.argv) > 4 else None
+    asyncio.run(_main(Path(world_arg), Path(ledger_arg), label_arg, url_arg))

@@ -31,7 +31,7 @@ from little_es.orchestrator import start_workflow_tool
 from little_es.values import ModelRequest, ToolCall, Usage
 from little_es.workflow.authoring import Workflow, agent, task
 from little_es.workflow.context import StepContext
-from little_es.world import local_world
+from little_es.world import local_world, open_world
 
 RUN_ID = "run_orchestrator_crash"
 AGENT_STEP = "fan_out"
@@ -120,9 +120,10 @@ def _orchestrate(ledger: _Ledger, n: int, concurrency: int) -> Workflow:
     )
 
 
-async def _main(world_dir: Path, ledger_path: Path, label: str, n: int, concurrency: int) -> None:
+async def _main(world_arg: str, ledger_path: Path, label: str, n: int, concurrency: int) -> None:
     ledger = _Ledger(ledger_path, label)
-    with local_world(world_dir) as world:
+    # A data directory, or a world's URL (a MariaDB world).
+    with open_world(world_arg) if "://" in world_arg else local_world(world_arg) as world:
         result = await run_workflow(world, _orchestrate(ledger, n, concurrency), {}, run_id=RUN_ID)
     line = {
         "output": result.output,
@@ -135,6 +136,4 @@ async def _main(world_dir: Path, ledger_path: Path, label: str, n: int, concurre
 if __name__ == "__main__":
     configure_logging(json=True, level="WARNING")
     world_arg, ledger_arg, label_arg, n_arg, concurrency_arg = sys.argv[1:6]
-    asyncio.run(
-        _main(Path(world_arg), Path(ledger_arg), label_arg, int(n_arg), int(concurrency_arg))
-    )
+    asyncio.run(_main(world_arg, Path(ledger_arg), label_arg, int(n_arg), int(concurrency_arg)))

@@ -3,12 +3,13 @@
 Fixtures
 --------
 ``backend``
-    The backend name, ``"memory"``, ``"sqlite"`` or ``"postgres"``. Any test that
+    The backend name, ``"memory"``, ``"sqlite"``, ``"postgres"`` or ``"mariadb"``. Any test that
     (indirectly) uses it runs once per backend. Restrict a test with
     ``@pytest.mark.backends("sqlite", "postgres")``.
 ``world_spec``
     A :class:`WorldSpec`: fresh, isolated storage for this test (a temporary data
-    directory, or a PostgreSQL schema created for the test and dropped after it)
+    directory, a PostgreSQL schema or a MariaDB database created for the test and
+    dropped after it)
     and the URL that names it, for ``open_world()`` or a subprocess's
     ``LITTLE_ES_WORLD``.
 ``world``
@@ -28,6 +29,14 @@ postgres tests are skipped, except under ``CI=true`` where they fail: CI must
 not pass by skipping its PostgreSQL coverage. The unittest-style conformance
 cases of ``test_backends.py`` use the same helpers (:func:`postgres_problem`,
 :func:`create_test_schema`, :func:`drop_test_schema`) to the same effect.
+
+MariaDB (or MySQL) likewise comes from ``$LITTLE_ES_TEST_MYSQL_URL`` (default
+``mysql+pymysql://root@127.0.0.1:3306/test``; the server, not the database, is
+what counts: each test gets a database of its own), with :func:`mysql_problem`,
+:func:`create_test_database` and :func:`drop_test_database`.
+
+Adding a backend to this suite is one branch of :func:`world_spec` (fresh
+storage and its URL) and one of :meth:`WorldSpec.open` (the factory).
 """
 
 from __future__ import annotations
@@ -37,19 +46,26 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import psycopg
+import pymysql
 import pytest
 from psycopg import sql
 
-from little_es.world import World, local_world, memory_world, postgres_world
+from little_es.world import World, local_world, memory_world, mysql_world, postgres_world
 
 POSTGRES_DSN_ENV_VAR = "LITTLE_ES_TEST_POSTGRES_DSN"
 DEFAULT_POSTGRES_DSN = "postgresql://postgres@127.0.0.1:5432/test"
-ALL_BACKENDS = ("memory", "sqlite", "postgres")
-PERSISTENT_BACKENDS = ("sqlite", "postgres")
+MYSQL_URL_ENV_VAR = "LITTLE_ES_TEST_MYSQL_URL"
+DEFAULT_MYSQL_URL = "mysql+pymysql://root@127.0.0.1:3306/test"
+ALL_BACKENDS = ("memory", "sqlite", "postgres", "mariadb")
+PERSISTENT_BACKENDS = ("sqlite", "postgres", "mariadb")
+_SERVER_MARKS = {"postgres": pytest.mark.postgres, "mariadb": pytest.mark.mariadb}
 
 _postgres_problem: dict[str, str | None] = {}
+_mysql_problem: dict[str, str | None] = {}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -75,7 +91,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize(
         "backend",
         [
-            pytest.param(n, id=n, marks=[pytest.mark.postgres] if n == "postgres" else [])
+            pytest.param(n, id=n, marks=[_SERVER_MARKS[n]] if n in _SERVER_MARKS else [])
             for n in names
         ],
     )
@@ -133,6 +149,72 @@ def drop_test_schema(dsn: str, schema: str) -> None:
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
+def mysql_url() -> str:
+    """The URL of the test MariaDB server (``$LITTLE_ES_TEST_MYSQL_URL`` or the default)."""
+    return os.environ.get(MYSQL_URL_ENV_VAR) or DEFAULT_MYSQL_URL
+
+
+def _mysql_connect(url: str, database: str | None = None) -> pymysql.connections.Connection[Any]:
+    parts = urlsplit(url)
+    return pymysql.connect(
+        host=parts.hostname or "127.0.0.1",
+        port=parts.port or 3306,
+        user=unquote(parts.username or "root"),
+        password=unquote(parts.password or ""),
+        database=database,
+        autocommit=True,
+        connect_timeout=3,
+    )
+
+
+def mysql_problem() -> str | None:
+    """Why the test MariaDB server cannot be used (skip, or fail under CI=true), or None."""
+    url = mysql_url()
+    if url not in _mysql_problem:
+        try:
+            with _mysql_connect(url) as conn, conn.cursor() as cur:
+                cur.execute("SELECT 1")
+            _mysql_problem[url] = None
+        except pymysql.err.Error as exc:
+            _mysql_problem[url] = f"{type(exc).__name__}: {exc}".strip()
+    problem = _mysql_problem[url]
+    if problem is None:
+        return None
+    return f"MariaDB not reachable at {url} ({problem}); set {MYSQL_URL_ENV_VAR}"
+
+
+def require_mysql() -> str:
+    """Return the test server's URL; skip the test if it does not answer (fail under CI=true)."""
+    reason = mysql_problem()
+    if reason is not None:
+        if postgres_required_in_ci():
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    return mysql_url()
+
+
+def create_test_database(url: str) -> str:
+    """Create a fresh database for one test on the server of ``url`` and return its name."""
+    database = f"little_es_test_{uuid.uuid4().hex[:12]}"
+    with _mysql_connect(url) as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE DATABASE `{database}`")
+    return database
+
+
+def drop_test_database(url: str, database: str) -> None:
+    """Drop a test's database and everything in it."""
+    with _mysql_connect(url) as conn, conn.cursor() as cur:
+        # A world a test left open must not make the teardown hang forever.
+        cur.execute("SET SESSION lock_wait_timeout = 10")
+        cur.execute(f"DROP DATABASE IF EXISTS `{database}`")
+
+
+def mysql_database_url(url: str, database: str) -> str:
+    """``url`` (a server's) naming ``database``."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{database}"))
+
+
 @dataclass(frozen=True)
 class WorldSpec:
     """Where one test's world lives.
@@ -147,9 +229,11 @@ class WorldSpec:
     data_dir: Path | None = None
     """The sqlite data directory (None for other backends)."""
     dsn: str | None = None
-    """The PostgreSQL DSN without the schema (None for other backends)."""
+    """The PostgreSQL DSN without the schema, or the MariaDB server's URL (None otherwise)."""
     schema: str | None = None
     """The PostgreSQL schema of this test (None for other backends)."""
+    database: str | None = None
+    """The MariaDB database of this test (None for other backends)."""
 
     @property
     def persistent(self) -> bool:
@@ -163,6 +247,8 @@ class WorldSpec:
         if self.backend == "sqlite":
             assert self.data_dir is not None
             return local_world(self.data_dir)
+        if self.backend == "mariadb":
+            return mysql_world(self.url)
         assert self.dsn is not None and self.schema is not None
         return postgres_world(self.dsn, schema=self.schema)
 
@@ -172,6 +258,11 @@ class WorldSpec:
         conn = psycopg.connect(self.dsn, autocommit=True)
         conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
         return conn
+
+    def connect_mysql(self) -> pymysql.connections.Connection[Any]:
+        """An autocommit PyMySQL connection to this test's MariaDB database."""
+        assert self.database is not None
+        return _mysql_connect(self.url, self.database)
 
 
 def with_query(dsn: str, key: str, value: str) -> str:
@@ -188,6 +279,19 @@ def world_spec(backend: str, tmp_path: Path) -> Iterator[WorldSpec]:
     if backend == "sqlite":
         data_dir = tmp_path / "world"
         yield WorldSpec("sqlite", f"sqlite:///{data_dir}", data_dir=data_dir)
+        return
+    if backend == "mariadb":
+        server = require_mysql()
+        database = create_test_database(server)
+        try:
+            yield WorldSpec(
+                "mariadb",
+                mysql_database_url(server, database),
+                dsn=server,
+                database=database,
+            )
+        finally:
+            drop_test_database(server, database)
         return
     dsn = require_postgres()
     schema = create_test_schema(dsn)

@@ -65,6 +65,10 @@ def test_same_bytes_are_stored_once(world: World, world_spec: WorldSpec) -> None
         with world_spec.connect_postgres() as conn:
             rows = conn.execute("SELECT sha256 FROM little_es_artifacts").fetchall()
         assert rows == [(a.sha256,)]
+    elif world_spec.backend == "mariadb":
+        with world_spec.connect_mysql() as conn, conn.cursor() as cur:
+            cur.execute("SELECT sha256, chunk FROM little_es_artifacts")
+            assert cur.fetchall() == ((a.sha256, 0),)
 
 
 def test_size_disagreeing_with_the_record_is_refused(world: World) -> None:

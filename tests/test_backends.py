@@ -4,8 +4,8 @@
 storage mixin (fresh storage per test, and how to open a world on it) and one
 subclass per conformance case, plus the hooks that need to know how the
 backend stores things (corrupting an artifact, watching for mutations).
-PostgreSQL cases are skipped when the server does not answer, and fail under
-``CI=true`` (as ``conftest.py`` does for the ``world`` fixture).
+PostgreSQL and MariaDB cases are skipped when the server does not answer, and
+fail under ``CI=true`` (as ``conftest.py`` does for the ``world`` fixture).
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import functools
 import re
 import sqlite3
 import tempfile
+import threading
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +24,7 @@ from unittest import TestCase, mock
 from urllib.parse import urlsplit
 
 import psycopg
+import pymysql
 import pytest
 from eventsourcing.persistence import (
     AggregateRecorder,
@@ -42,12 +45,22 @@ from eventsourcing.sqlite import (
 )
 from eventsourcing.tests import persistence
 from eventsourcing.utils import Environment, get_topic
+from eventsourcing_sqlalchemy.recorders import (
+    SQLAlchemyAggregateRecorder,
+    SQLAlchemyTrackingRecorder,
+)
 from psycopg import sql
 
 from little_es.backends.memory import (
     LittlePOPOApplicationRecorder,
     LittlePOPOFactory,
     MemoryArtifactStore,
+)
+from little_es.backends.mysql import (
+    LittleSQLAlchemyApplicationRecorder,
+    LittleSQLAlchemyFactory,
+    LittleSQLAlchemyProcessRecorder,
+    MySQLBackend,
 )
 from little_es.backends.postgres import LittlePostgresApplicationRecorder, LittlePostgresFactory
 from little_es.backends.sqlite import (
@@ -56,12 +69,18 @@ from little_es.backends.sqlite import (
     LittleSQLiteApplicationRecorder,
     LittleSQLiteFactory,
 )
+from little_es.events import StepCompleted, StepStarted
 from little_es.testing import backend as conformance
 from little_es.values import ArtifactRef
-from little_es.world import World, local_world, memory_world, postgres_world
+from little_es.world import World, local_world, memory_world, mysql_world, postgres_world
 from tests.conftest import (
+    create_test_database,
     create_test_schema,
+    drop_test_database,
     drop_test_schema,
+    mysql_database_url,
+    mysql_problem,
+    mysql_url,
     postgres_dsn,
     postgres_problem,
     postgres_required_in_ci,
@@ -486,3 +505,286 @@ class TestPostgresFactory(persistence.InfrastructureFactoryTestCase[LittlePostgr
 
     def expected_process_recorder_class(self) -> type[ProcessRecorder]:
         return PostgresProcessRecorder
+
+
+# ----------------------------------------------------------------------- MariaDB
+
+
+def _fresh_mysql_database(case: TestCase) -> tuple[str, str]:
+    """The test server's URL and a database for ``case``, dropped after it (or skip, or fail)."""
+    reason = mysql_problem()
+    if reason is not None:
+        if postgres_required_in_ci():
+            case.fail(reason)
+        case.skipTest(reason)
+    server = mysql_url()
+    database = create_test_database(server)
+    case.addCleanup(drop_test_database, server, database)
+    return server, database
+
+
+class MySQLStorage(conformance.WorldTestCase):
+    """A database of its own per test, dropped after it."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.server, self.database = _fresh_mysql_database(self)
+        self.url = mysql_database_url(self.server, self.database)
+
+    def make_world(self) -> World:
+        """A MariaDB world in this test's database."""
+        return mysql_world(self.url)
+
+    def connect(self) -> pymysql.connections.Connection[Any]:
+        """An autocommit connection to this test's database."""
+        parts = urlsplit(self.server)
+        return pymysql.connect(
+            host=parts.hostname or "127.0.0.1",
+            port=parts.port or 3306,
+            user=parts.username or "root",
+            password=parts.password or "",
+            database=self.database,
+            autocommit=True,
+        )
+
+
+@pytest.mark.mariadb
+class TestMySQLWorld(MySQLStorage, conformance.BackendTestCase):
+    def world_url(self) -> str:
+        return self.url
+
+    def corrupt_artifact(self, world: World, ref: ArtifactRef, data: bytes) -> None:
+        with self.connect() as conn, conn.cursor() as cur:
+            cur.execute(
+                "UPDATE little_es_artifacts SET data = %s WHERE sha256 = %s AND chunk = 0",
+                (data, ref.sha256),
+            )
+            self.assertEqual(cur.rowcount, 1)
+
+    @contextmanager
+    def trap_mutations(self) -> Iterator[None]:
+        # Create the tables, then make every UPDATE or DELETE on them raise (MariaDB
+        # triggers are per row; TRUNCATE fires none, and the world issues none).
+        self.make_world().close()
+        with self.connect() as conn, conn.cursor() as cur:
+            for table in ("littlees_events", "littlees_snapshots"):
+                for op in ("UPDATE", "DELETE"):
+                    cur.execute(
+                        f"CREATE TRIGGER refuse_{op.lower()}_{table} BEFORE {op} ON {table}"
+                        " FOR EACH ROW SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT ="
+                        f" 'little_es test: {op} on {table} is forbidden'"
+                    )
+        yield
+        with self.connect() as conn, conn.cursor() as cur:
+            cur.execute("SELECT count(*) FROM littlees_events")
+            count = cur.fetchone()
+            cur.execute("SELECT count(*) FROM littlees_snapshots")
+            snaps = cur.fetchone()
+            assert count is not None and count[0] >= self.exercised_events > 50
+            assert snaps is not None and snaps[0] > 0
+            # The trap itself works: a DELETE is refused.
+            with self.assertRaisesRegex(pymysql.err.OperationalError, "DELETE on littlees_events"):
+                cur.execute("DELETE FROM littlees_events LIMIT 1")
+
+    def test_mysql_leases_are_scoped_to_the_worlds_database(self) -> None:
+        server, other = _fresh_mysql_database(self)
+        with (
+            mysql_world(mysql_database_url(server, other)) as neighbour,
+            self.world.run_lease("run_lease"),
+            neighbour.run_lease("run_lease"),
+        ):
+            pass
+
+    def test_mysql_appends_commit_in_notification_id_order(self) -> None:
+        # A writer holding an uncommitted id (here: a raw insert that took the append lock
+        # first, as every insert of the backend does) makes the next append wait, so no
+        # reader of notifications sees a later id committed before an earlier one.
+        world = self.world
+        world.save(conformance._start_run("run_first"))
+        appended = threading.Event()
+
+        def append() -> None:
+            world.save(conformance._start_run("run_second"))
+            appended.set()
+
+        with self.connect() as conn, conn.cursor() as cur:
+            conn.begin()
+            cur.execute("SELECT id FROM little_es_append_lock WHERE id = 1 FOR UPDATE")
+            cur.execute(
+                "INSERT INTO littlees_events (originator_id, originator_version, topic, state)"
+                " VALUES (%s, 1, 'early', 'uncommitted')",
+                (uuid.uuid4().bytes,),
+            )
+            cur.execute("SELECT LAST_INSERT_ID()")
+            row = cur.fetchone()
+            assert row is not None
+            early = int(row[0])
+            writer = threading.Thread(target=append)
+            writer.start()
+            try:
+                self.assertFalse(
+                    appended.wait(1.0), "an append committed while an earlier id was uncommitted"
+                )
+            finally:
+                conn.commit()
+                writer.join(timeout=60)
+        self.assertTrue(appended.is_set())
+        later = world.app.recorder.select_notifications(start=early, limit=10)
+        self.assertEqual(later[0].id, early)
+        self.assertGreater(later[1].id, early)
+        self.assertEqual(later[1].topic, "RunStarted")
+
+    def test_mysql_big_snapshot_and_artifact_round_trip(self) -> None:
+        # Above BLOB's 64 KiB (the column is LONGBLOB) and above one artifact chunk.
+        world = self.world
+        data = bytes(range(256)) * (3 * 4096 + 7)
+        ref = world.artifacts.put(data, run_id="run_big", step_path="s")
+        self.assertEqual(world.artifacts.get(ref).payload, data)
+        run = conformance._start_run("run_big")
+        for i in range(40):
+            run.trigger(
+                StepStarted, step_path=f"s{i}", step_id=f"s{i}", kind="task", visit=1, attempt=1
+            )
+            run.trigger(
+                StepCompleted,
+                step_path=f"s{i}",
+                step_id=f"s{i}",
+                visit=1,
+                attempt=1,
+                output={"text": "x" * 4000},
+            )
+        world.save(run)
+        world._snapshot(run)
+        self.assertEqual(self.open_world().load_run("run_big").fold.freeze(), run.fold.freeze())
+
+    def test_mysql_reports_the_servers_durability(self) -> None:
+        backend = self.world.backend
+        assert isinstance(backend, MySQLBackend)
+        with self.connect() as conn, conn.cursor() as cur:
+            cur.execute("SELECT @@GLOBAL.innodb_flush_log_at_trx_commit, @@GLOBAL.sync_binlog")
+            row = cur.fetchone()
+        assert row is not None
+        self.assertEqual(
+            (backend.durability.flush_log_at_trx_commit, backend.durability.sync_binlog),
+            (int(row[0]), int(row[1])),
+        )
+
+
+@pytest.mark.mariadb
+class TestMySQLEventRecorder(MySQLStorage, conformance.EventRecorderTestCase):
+    pass
+
+
+@pytest.mark.mariadb
+class TestMySQLWriteAheadEventRecorder(MySQLStorage, conformance.WriteAheadEventRecorderTestCase):
+    pass
+
+
+@pytest.mark.mariadb
+class TestMySQLSnapshotRecorder(MySQLStorage, conformance.SnapshotRecorderTestCase):
+    pass
+
+
+@pytest.mark.mariadb
+class TestMySQLRunsView(MySQLStorage, conformance.RunsViewTestCase):
+    pass
+
+
+@pytest.mark.mariadb
+class TestMySQLProcessRecorder(MySQLStorage, conformance.ProcessRecorderTestCase):
+    pass
+
+
+@pytest.mark.mariadb
+class TestMySQLExampleApplication(MySQLStorage, conformance.ExampleApplicationTestCase):
+    pass
+
+
+@pytest.mark.mariadb
+class TestMySQLNonInterleavingNotificationIds(
+    MySQLStorage, persistence.NonInterleavingNotificationIDsBaseCase
+):
+    """Two concurrent inserts of 1000 events each get ids in two runs, not interleaved."""
+
+    insert_num = 200
+
+    def create_recorder(self) -> ApplicationRecorder:
+        recorder = self.open_world().app.recorder
+        assert isinstance(recorder, ApplicationRecorder)
+        return recorder
+
+
+class _ExtensionsInsert(LittleSQLAlchemyApplicationRecorder):
+    """The recorder on its MySQL path: eventsourcing-sqlalchemy's own ORM insert (no RETURNING)."""
+
+    def _returns_ids(self, session: Any) -> bool:
+        return False
+
+
+class _ExtensionsInsertFactory(LittleSQLAlchemyFactory):
+    application_recorder_class = _ExtensionsInsert
+
+
+class _ExtensionsInsertRecorder(MySQLStorage):
+    """The application recorder of a factory on the MySQL insert path (a mixin)."""
+
+    durable: bool = True
+
+    def create_recorder(self) -> ApplicationRecorder:
+        factory = _ExtensionsInsertFactory(Environment("LittleEs", {"SQLALCHEMY_URL": self.url}))
+        self.addCleanup(factory.close)
+        recorder = factory.application_recorder()
+        assert isinstance(recorder, _ExtensionsInsert)
+        return recorder
+
+
+@pytest.mark.mariadb
+class TestMySQLExtensionsInsertEventRecorder(
+    _ExtensionsInsertRecorder, conformance.EventRecorderTestCase
+):
+    pass
+
+
+@pytest.mark.mariadb
+class TestMySQLExtensionsInsertNonInterleaving(
+    _ExtensionsInsertRecorder, persistence.NonInterleavingNotificationIDsBaseCase
+):
+    insert_num = 200
+
+
+class _SQLAlchemyTrackingSubclass(SQLAlchemyTrackingRecorder):
+    pass
+
+
+@pytest.mark.mariadb
+class TestMySQLFactory(persistence.InfrastructureFactoryTestCase[LittleSQLAlchemyFactory]):
+    """eventsourcing's factory case on little_es's SQLAlchemy factory (LONGBLOB, id order)."""
+
+    def setUp(self) -> None:
+        server, database = _fresh_mysql_database(self)
+        self.env = Environment("TestCase")
+        self.env["PERSISTENCE_MODULE"] = get_topic(LittleSQLAlchemyFactory)
+        self.env["SQLALCHEMY_URL"] = mysql_database_url(server, database)
+        super().setUp()
+
+    def tearDown(self) -> None:
+        super().tearDown()
+        self.factory.close()
+
+    def expected_factory_class(self) -> type[LittleSQLAlchemyFactory]:
+        return LittleSQLAlchemyFactory
+
+    def expected_aggregate_recorder_class(self) -> type[AggregateRecorder]:
+        return SQLAlchemyAggregateRecorder
+
+    def expected_application_recorder_class(self) -> type[ApplicationRecorder]:
+        return LittleSQLAlchemyApplicationRecorder
+
+    def expected_tracking_recorder_class(self) -> type[TrackingRecorder]:
+        return SQLAlchemyTrackingRecorder
+
+    def tracking_recorder_subclass(self) -> type[TrackingRecorder]:
+        return _SQLAlchemyTrackingSubclass
+
+    def expected_process_recorder_class(self) -> type[ProcessRecorder]:
+        return LittleSQLAlchemyProcessRecorder

@@ -78,7 +78,7 @@ def test_user_event_is_stored_and_read_back_by_wire_name(world: World) -> None:
     assert world.load_run("run_approval").version == 3
 
 
-@pytest.mark.backends("sqlite", "postgres")
+@pytest.mark.backends("sqlite", "postgres", "mariadb")
 def test_user_event_is_read_by_another_process_that_defines_it(
     world: World, world_spec: WorldSpec
 ) -> None:

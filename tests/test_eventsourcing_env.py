@@ -13,7 +13,8 @@ runs eventsourcing applications in the same process configures them with
   only have been meant for a world: ``WorldConfigError`` names it (a world does
   not take eventsourcing settings from the environment).
 
-Each variable of eventsourcing 9.5's source is set to a value that would
+Each variable of eventsourcing 9.5's source (and eventsourcing-sqlalchemy 1.0's,
+the MariaDB backend's extension) is set to a value that would
 change something if it were read (the table below; a test reads eventsourcing's
 source and fails on a variable the table misses), and what a world is made
 of is compared with a world opened without it, on every backend it concerns.
@@ -37,6 +38,7 @@ from urllib.parse import urlsplit
 from uuid import uuid4
 
 import eventsourcing
+import eventsourcing_sqlalchemy
 import orjson
 import psycopg
 import pytest
@@ -58,7 +60,16 @@ from little_es.world import (
     memory_world,
     postgres_world,
 )
-from tests.conftest import WorldSpec, create_test_schema, drop_test_schema, require_postgres
+from tests.conftest import (
+    WorldSpec,
+    create_test_database,
+    create_test_schema,
+    drop_test_database,
+    drop_test_schema,
+    mysql_database_url,
+    require_mysql,
+    require_postgres,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -109,6 +120,12 @@ HOSTILE: dict[str, str] = {
     "POSTGRES_IDLE_IN_TRANSACTION_SESSION_TIMEOUT": "0.01",
     "POSTGRES_SCHEMA": "public",
     "POSTGRES_ENABLE_DB_FUNCTIONS": "y",
+    # eventsourcing-sqlalchemy (the MariaDB/MySQL backend's extension)
+    "SQLALCHEMY_URL": "sqlite:///:memory:",
+    "SQLALCHEMY_AUTOFLUSH": "n",
+    "SQLALCHEMY_CONNECTION_CREATOR_TOPIC": f"{__name__}:refusing_password",
+    "SQLALCHEMY_SCOPED_SESSION_TOPIC": f"{__name__}:refusing_password",
+    "SQLALCHEMY_SCHEMA": "little_es_no_such_schema",
 }
 
 PASSED_BY_EVERY_BACKEND = {"PERSISTENCE_MODULE"}
@@ -123,10 +140,16 @@ PROCESS_WIDE = {
 
 
 def _variables_eventsourcing_reads() -> set[str]:
-    """Every environment variable named in eventsourcing's source (its tests left out)."""
-    root = Path(eventsourcing.__file__).parent
+    """Every environment variable named in eventsourcing's source (its tests left out), and in
+    eventsourcing-sqlalchemy's."""
     sources = [
-        p.read_text() for p in root.rglob("*.py") if "tests" not in p.relative_to(root).parts
+        p.read_text()
+        for root in (
+            Path(eventsourcing.__file__).parent,
+            Path(eventsourcing_sqlalchemy.__file__).parent,
+        )
+        for p in root.rglob("*.py")
+        if "tests" not in p.relative_to(root).parts
     ]
     text = "\n".join(sources)
     # Setting names are class constants (POSTGRES_HOST = "POSTGRES_HOST") read as self.X.
@@ -186,7 +209,14 @@ def _facts(world: World) -> dict[str, Any]:
         for key, value in vars(datastore).items():
             if value is None or isinstance(value, str | int | float | bool):
                 facts[f"datastore.{key}"] = value
-        pool = datastore.pool
+        engine = getattr(datastore, "engine", None)
+        if engine is not None:  # eventsourcing-sqlalchemy's
+            facts["engine.url"] = str(engine.url)
+            facts["engine.pool"] = (type(engine.pool), engine.pool.size())
+            maker = getattr(datastore, "session_maker", None)
+            kw = {} if maker is None else {k: v for k, v in maker.kw.items() if k != "bind"}
+            facts["session.kw"] = kw
+        pool = getattr(datastore, "pool", None)
         for key in ("min_size", "max_size", "max_waiting", "max_lifetime", "timeout"):
             if hasattr(pool, key):
                 facts[f"pool.{key}"] = getattr(pool, key)
@@ -235,10 +265,11 @@ ON_POSTGRES_TOO = {
     "ORIGINATOR_ID_TYPE",
 }
 POSTGRES_CASES = sorted(n for n in HOSTILE if n.startswith("POSTGRES_") or n in ON_POSTGRES_TOO)
+MYSQL_CASES = sorted(n for n in HOSTILE if n.startswith("SQLALCHEMY_") or n in ON_POSTGRES_TOO)
 LOCAL_CASES = [
     pytest.param(name, backend, id=f"{name}-{backend}")
     for name in sorted(HOSTILE)
-    if not name.startswith("POSTGRES_")
+    if not name.startswith(("POSTGRES_", "SQLALCHEMY_"))
     for backend in (("sqlite",) if name.startswith("SQLITE_") else ("memory", "sqlite"))
 ]
 
@@ -260,6 +291,18 @@ def postgres_schema() -> Iterator[WorldSpec]:
         yield WorldSpec("postgres", "", dsn=dsn, schema=schema)
     finally:
         drop_test_schema(dsn, schema)
+
+
+@pytest.fixture(scope="module")
+def mysql_database() -> Iterator[WorldSpec]:
+    """One database for the MariaDB cases (each writes runs of its own), dropped after them."""
+    server = require_mysql()
+    database = create_test_database(server)
+    try:
+        url = mysql_database_url(server, database)
+        yield WorldSpec("mariadb", url, dsn=server, database=database)
+    finally:
+        drop_test_database(server, database)
 
 
 def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -297,6 +340,15 @@ def test_a_plain_eventsourcing_variable_changes_nothing_of_a_postgres_world(
 ) -> None:
     _clean_environment(monkeypatch)
     _check_variable(variable, postgres_schema, monkeypatch)
+
+
+@pytest.mark.mariadb
+@pytest.mark.parametrize("variable", MYSQL_CASES)
+def test_a_plain_eventsourcing_variable_changes_nothing_of_a_mysql_world(
+    variable: str, mysql_database: WorldSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _clean_environment(monkeypatch)
+    _check_variable(variable, mysql_database, monkeypatch)
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,8 @@ Each test runs ``tests/_agent_proc.py`` (a scripted 5-turn agent session on a
 local world) with a ``LITTLE_ES_CRASH_AFTER_*`` switch, so the child kills
 itself with SIGKILL right after a chosen append, then runs it again without
 the switch. The child's model and tools append a line per REAL invocation to a
-ledger file, so the counts below are across both processes.
+ledger file, so the counts below are across both processes. The two targeted
+kills run on SQLite and on MariaDB (the ``world`` fixture's URL).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import pytest
 
 from little_es.events import Event, ModelCalled, ToolCallStarted
 from little_es.ids import session_stream_id
-from little_es.world import local_world
+from little_es.world import local_world, open_world
+from tests.conftest import WorldSpec
 
 REPO = Path(__file__).resolve().parents[1]
 CHILD = REPO / "tests" / "_agent_proc.py"
@@ -40,12 +42,14 @@ TOOL_ARGS = {
 }
 
 
-def _child(world: Path, ledger: Path, label: str, **crash: str) -> subprocess.CompletedProcess[str]:
+def _child(
+    world: Path, ledger: Path, label: str, url: str | None = None, **crash: str
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LITTLE_ES_CRASH_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env.update(crash)
     return subprocess.run(
-        [sys.executable, str(CHILD), str(world), str(ledger), label],
+        [sys.executable, str(CHILD), str(world), str(ledger), label, *([url] if url else [])],
         env=env,
         cwd=REPO,
         capture_output=True,
@@ -79,8 +83,8 @@ def _tool_calls(entries: Sequence[dict[str, Any]], label: str) -> list[str]:
     return sorted(e["call_id"] for e in entries if e["kind"] == "tool" and e["label"] == label)
 
 
-def _session_events(world: Path) -> list[Event]:
-    with local_world(world) as w:
+def _session_events(world: Path, url: str | None) -> list[Event]:
+    with local_world(world) if url is None else open_world(url) as w:
         return w.read_stream(session_stream_id(RUN_ID, STEP_PATH, 1))
 
 
@@ -93,43 +97,51 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     return (root / "world" / "conversation.json").read_bytes()
 
 
+@pytest.mark.backends("sqlite", "mariadb")
 def test_killed_after_model_called_turn_3_resumes_with_only_turn_3_called(
-    tmp_path: Path, reference: bytes
+    tmp_path: Path, reference: bytes, world_spec: WorldSpec
 ) -> None:
     world, ledger = tmp_path / "world", tmp_path / "ledger"
+    url = None if world_spec.backend == "sqlite" else world_spec.url
     first = _child(
-        world, ledger, "first", LITTLE_ES_CRASH_AFTER_EVENT="harness.model.called:turn=3"
+        world, ledger, "first", url, LITTLE_ES_CRASH_AFTER_EVENT="harness.model.called:turn=3"
     )
     assert _killed(first), (first.returncode, first.stderr)
     entries = _ledger(ledger)
     assert _model_turns(entries, "first") == [1, 2]  # turn 3 was recorded, never called
     assert _tool_calls(entries, "first") == ["c1", "c2", "c3"]
 
-    outcome = _outcome(_child(world, ledger, "resume"))
+    outcome = _outcome(_child(world, ledger, "resume", url))
     entries = _ledger(ledger)
     # Turns 1-2 replay from the log; turn 3 is called exactly once, then the rest.
     assert _model_turns(entries, "resume") == [3, 4, 5]
     assert _tool_calls(entries, "resume") == ["c42", "c5", "c6"]
     assert outcome["model_calls_made"] == 3 and outcome["replayed_model_calls"] == 2
     assert outcome["tool_calls_made"] == 3 and outcome["replayed_tool_calls"] == 3
-    events = _session_events(world)
+    events = _session_events(world, url)
     assert [e.turn for e in events if isinstance(e, ModelCalled)] == [1, 2, 3, 4, 5]
     assert (world / "conversation.json").read_bytes() == reference
 
 
+@pytest.mark.backends("sqlite", "mariadb")
 def test_killed_after_tool_call_c42_started_reruns_only_c42_with_the_same_args(
-    tmp_path: Path, reference: bytes
+    tmp_path: Path, reference: bytes, world_spec: WorldSpec
 ) -> None:
     world, ledger = tmp_path / "world", tmp_path / "ledger"
+    url = None if world_spec.backend == "sqlite" else world_spec.url
     first = _child(
-        world, ledger, "first", LITTLE_ES_CRASH_AFTER_EVENT="harness.tool_call.started:call_id=c42"
+        world,
+        ledger,
+        "first",
+        url,
+        LITTLE_ES_CRASH_AFTER_EVENT="harness.tool_call.started:call_id=c42",
     )
     assert _killed(first), (first.returncode, first.stderr)
     entries = _ledger(ledger)
     assert _model_turns(entries, "first") == [1, 2, 3]
     assert _tool_calls(entries, "first") == ["c1", "c2", "c3"]  # c42 recorded, not invoked
 
-    outcome = _outcome(_child(world, ledger, "resume"))
+    outcome = _outcome(_child(world, ledger, "resume", url))
     entries = _ledger(ledger)
     assert _model_turns(entries, "resume") == [4, 5]
     assert _tool_calls(entries, "resume") == ["c42", "c5", "c6"]
@@ -137,7 +149,7 @@ def test_killed_after_tool_call_c42_started_reruns_only_c42_with_the_same_args(
     assert [(e["label"], e["args"]) for e in c42] == [("resume", {"a": 40, "b": 2})]
     assert outcome["replayed_model_calls"] == 3 and outcome["replayed_tool_calls"] == 3
     assert outcome["model_calls_made"] == 2 and outcome["tool_calls_made"] == 3
-    started = [e.call_id for e in _session_events(world) if isinstance(e, ToolCallStarted)]
+    started = [e.call_id for e in _session_events(world, url) if isinstance(e, ToolCallStarted)]
     assert started == ALL_CALLS  # no second harness.tool_call.started for c42
     assert (world / "conversation.json").read_bytes() == reference
 

@@ -13,6 +13,7 @@ shows that no step, model call or tool call ran in two processes at once.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import os
 import signal
 import subprocess
@@ -29,6 +30,7 @@ import pytest
 from psycopg import sql
 from typer.testing import CliRunner
 
+from little_es.backends.mysql import MySQLBackend, MySQLRunLeases
 from little_es.backends.postgres import PostgresRunLeases
 from little_es.cli import app
 from little_es.durability import RunRecorder
@@ -393,3 +395,27 @@ def test_unlock_without_the_right_to_terminate_the_holder_says_so(
     finally:
         with world_spec.connect_postgres() as conn:
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+@pytest.mark.backends("mariadb")
+def test_mysql_unlock_without_the_right_to_kill_the_holder_says_so(
+    world: World, world_spec: WorldSpec
+) -> None:
+    assert world_spec.database is not None
+    user = f"little_es_test_{uuid.uuid4().hex[:8]}"
+    with world_spec.connect_mysql() as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE USER '{user}'@'%'")
+        cur.execute(f"GRANT SELECT, INSERT, UPDATE ON `{world_spec.database}`.* TO '{user}'@'%'")
+    try:
+        backend = world.backend
+        assert isinstance(backend, MySQLBackend)
+        info = backend.leases._info  # type: ignore[attr-defined]
+        restricted = MySQLRunLeases(dataclasses.replace(info, user=user, password=""))
+        with world.run_lease("run_held") as lease:
+            assert restricted.holder("run_held") is not None
+            with pytest.raises(WorldConfigError, match="CONNECTION ADMIN"):
+                restricted.break_lease("run_held")
+            lease.check()
+    finally:
+        with world_spec.connect_mysql() as conn, conn.cursor() as cur:
+            cur.execute(f"DROP USER '{user}'@'%'")

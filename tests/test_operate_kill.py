@@ -37,7 +37,7 @@ from little_es.events import (
 from little_es.replay import replay_run
 from tests.conftest import WorldSpec
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.backends("sqlite", "postgres")]
+pytestmark = [pytest.mark.timeout(120), pytest.mark.backends("sqlite", "postgres", "mariadb")]
 
 REPO = Path(__file__).resolve().parent.parent
 CHILD = REPO / "tests" / "_operate_proc.py"

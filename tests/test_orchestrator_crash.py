@@ -15,6 +15,8 @@ The two seed scenarios:
 2. killed right after a sub-run committed ``RunCompleted``, before the orchestrator
    recorded the call's result: the result is read from the sub-run's log and the
    sub-run does not run again.
+
+Both run on SQLite and on MariaDB.
 """
 
 from __future__ import annotations
@@ -29,12 +31,14 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from little_es.events import SubRunReserved, ToolCallStarted, ToolCallSucceeded
 from little_es.ids import run_stream_id, session_stream_id
 from little_es.orchestrator import sub_run_id_for_call
 from little_es.projections import list_runs
-from little_es.world import local_world
+from little_es.world import World, local_world, open_world
+from tests.conftest import WorldSpec
 
 REPO = Path(__file__).resolve().parents[1]
 CHILD = REPO / "tests" / "_orchestrator_proc.py"
@@ -57,7 +61,7 @@ def _expected_answer(n: int) -> dict[str, Any]:
 
 
 def _child(
-    world: Path, ledger: Path, label: str, n: int, concurrency: int, **crash: str
+    world: Path | str, ledger: Path, label: str, n: int, concurrency: int, **crash: str
 ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LITTLE_ES_CRASH_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
@@ -103,8 +107,13 @@ class _Log:
     """Sub-run id -> number of events on its Run stream."""
 
 
-def _read_log(world_dir: Path) -> _Log:
-    with local_world(world_dir) as w:
+def _open(world: Path | str) -> World:
+    """A data directory's world, or the world a URL names."""
+    return open_world(world) if isinstance(world, str) else local_world(world)
+
+
+def _read_log(world_dir: Path | str) -> _Log:
+    with _open(world_dir) as w:
         session_events = w.read_stream(SESSION_ID)
         starts = [e for e in session_events if isinstance(e, ToolCallStarted)]
         successes = [e for e in session_events if isinstance(e, ToolCallSucceeded)]
@@ -184,8 +193,12 @@ def _assert_resumed_exactly_once(
     assert models == [("first", 1), ("resume", 2)], models
 
 
-def test_killed_after_30_of_50_sub_runs_resumes_each_in_flight_one_once(tmp_path: Path) -> None:
-    world, ledger = tmp_path / "world", tmp_path / "ledger"
+@pytest.mark.backends("sqlite", "mariadb")
+def test_killed_after_30_of_50_sub_runs_resumes_each_in_flight_one_once(
+    tmp_path: Path, world_spec: WorldSpec
+) -> None:
+    world = tmp_path / "world" if world_spec.backend == "sqlite" else world_spec.url
+    ledger = tmp_path / "ledger"
     n = 50
     first = _child(
         world,
@@ -217,14 +230,16 @@ def test_killed_after_30_of_50_sub_runs_resumes_each_in_flight_one_once(tmp_path
     resumed_runs = {e["run_id"] for e in entries if e["label"] == "resume" and e["kind"] == "step"}
     # Only in-flight calls' sub-runs did any work after the resume.
     assert resumed_runs <= {crash.sub_run_of[c] for c in in_flight}
-    with local_world(world) as w:
+    with _open(world) as w:
         assert len(list_runs(w)) == n + 1  # the orchestrator and one run per call
 
 
+@pytest.mark.backends("sqlite", "mariadb")
 def test_sub_run_completed_before_its_result_was_recorded_is_not_run_again(
-    tmp_path: Path,
+    tmp_path: Path, world_spec: WorldSpec
 ) -> None:
-    world, ledger = tmp_path / "world", tmp_path / "ledger"
+    world = tmp_path / "world" if world_spec.backend == "sqlite" else world_spec.url
+    ledger = tmp_path / "ledger"
     n = 20
     target = _sub_run_id(5)
     first = _child(

@@ -401,7 +401,7 @@ def _kill_and_resume(
     return child.killed, _ledger(ledger), _normal(view, loop_id)
 
 
-@pytest.mark.backends("sqlite", "postgres")
+@pytest.mark.backends("sqlite", "postgres", "mariadb")
 def test_a_loop_killed_at_every_append_resumes_with_nothing_committed_done_again(
     runner: CrashRunner,
     world_spec: WorldSpec,
@@ -469,7 +469,7 @@ def test_a_kill_during_the_view_write_leaves_a_whole_file_rewritten_on_resume(
 # ------------------------------------------------------------------- drift
 
 
-@pytest.mark.backends("sqlite", "postgres")
+@pytest.mark.backends("sqlite", "postgres", "mariadb")
 @pytest.mark.parametrize("variant", ["v1", "v2", "tools"])
 def test_drift_of_the_planner_abandons_the_pending_cycle_and_starts_a_fresh_one(
     variant: str,

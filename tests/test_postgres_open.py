@@ -1,4 +1,4 @@
-"""Several processes opening one fresh PostgreSQL world at the same moment."""
+"""Several processes opening one fresh PostgreSQL or MariaDB world at the same moment."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ with open_world(sys.argv[1]) as world:
 """
 
 
-@pytest.mark.backends("postgres")
+@pytest.mark.backends("postgres", "mariadb")
 def test_processes_opening_a_fresh_world_at_once_all_succeed(
     world_spec: WorldSpec, tmp_path: Path
 ) -> None:

@@ -139,7 +139,7 @@ def call_model(call: Call) -> tuple[str, str]:
     return call.provider, call.model
 
 
-@pytest.mark.backends("sqlite", "postgres")
+@pytest.mark.backends("sqlite", "postgres", "mariadb")
 def test_a_world_opened_earlier_sees_a_price_another_one_recorded(
     world_factory: Callable[[], World],
 ) -> None:

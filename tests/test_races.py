@@ -41,7 +41,7 @@ from little_es.ids import run_stream_id
 from tests.conftest import WorldSpec
 from tests.torture.ledger import read_ledger
 
-pytestmark = [pytest.mark.timeout(180), pytest.mark.backends("sqlite", "postgres")]
+pytestmark = [pytest.mark.timeout(180), pytest.mark.backends("sqlite", "postgres", "mariadb")]
 
 REPO = Path(__file__).resolve().parents[1]
 PROC = REPO / "tests" / "_race_proc.py"

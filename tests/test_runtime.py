@@ -911,6 +911,16 @@ def _damage_artifact(world: World, world_spec: WorldSpec, ref: ArtifactRef, how:
             path.write_bytes(forged)
         else:
             path.unlink()
+    elif world_spec.backend == "mariadb":
+        with world_spec.connect_mysql() as conn, conn.cursor() as cur:
+            if how == "tamper":
+                cur.execute(
+                    "UPDATE little_es_artifacts SET data = %s WHERE sha256 = %s AND chunk = 0",
+                    (forged, ref.sha256),
+                )
+            else:
+                cur.execute("DELETE FROM little_es_artifacts WHERE sha256 = %s", (ref.sha256,))
+            assert cur.rowcount == 1
     else:
         with world_spec.connect_postgres() as conn:
             if how == "tamper":

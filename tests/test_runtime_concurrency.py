@@ -71,7 +71,7 @@ def _ledger(path: Path) -> list[tuple[int, str]]:
     return entries
 
 
-@pytest.mark.backends("sqlite", "postgres")
+@pytest.mark.backends("sqlite", "postgres", "mariadb")
 @pytest.mark.parametrize("start", ["resume", "fresh"])
 def test_two_processes_driving_one_run_at_once_exactly_one_makes_progress(
     world_spec: WorldSpec, world: World, tmp_path: Path, start: str

@@ -2,7 +2,9 @@
 
 The child (``tests/_runtime_proc.py crash``, forked by
 :class:`~little_es.testing.CrashRunner`) runs a workflow with tasks, a
-parallel group, a retried step, a sub-run and a decision loop on a SQLite world.
+parallel group, a retried step, a sub-run and a decision loop on a SQLite world
+(and, at a sample of the kill points, on a MariaDB one: the states must equal
+the SQLite run's).
 An uninterrupted run gives the number of appends ``N`` and the reference state.
 Then, for every ``k`` in ``1..N``, a child on a fresh world is SIGKILLed right
 after its ``k``-th append (``LITTLE_ES_CRASH_AFTER_APPENDS``) and another child
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import queue
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +35,13 @@ from little_es.events import Event, StepCompleted, StepFailed, StepStarted
 from little_es.materialize import materialize_run_state
 from little_es.pricing import price_usage_exact
 from little_es.testing import ChildResult, CrashRunner
-from little_es.world import local_world
+from little_es.world import open_world
+from tests.conftest import (
+    create_test_database,
+    drop_test_database,
+    mysql_database_url,
+    require_mysql,
+)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -68,11 +76,17 @@ class _Baseline:
     output: Any
 
 
-def _child(
-    server: CrashRunner, world_dir: Path, ledger: Path, crash_after: int | None
-) -> ChildResult:
+_MakeWorld = Callable[[Path], str]
+"""A fresh world for one scenario (whose files go under the path): its URL."""
+
+
+def _sqlite_world(root: Path) -> str:
+    return f"sqlite:///{root / 'world'}"
+
+
+def _child(server: CrashRunner, world: str, ledger: Path, crash_after: int | None) -> ChildResult:
     """Run one child to its end (or its kill)."""
-    argv = ["crash", "--world", f"sqlite:///{world_dir}", "--ledger", str(ledger)]
+    argv = ["crash", "--world", world, "--ledger", str(ledger)]
     return server.run(_TARGET, argv, crash_after_appends=crash_after)
 
 
@@ -97,8 +111,8 @@ def _read_ledger(ledger: Path) -> Counter[_Key]:
     return counts
 
 
-def _logs(world_dir: Path) -> dict[str, list[Event]]:
-    with local_world(world_dir) as world:
+def _logs(url: str) -> dict[str, list[Event]]:
+    with open_world(url) as world:
         return {
             run_id: world.read_run_log(run_id)
             for run_id in (_RUN_ID, _SUB_RUN_ID)
@@ -106,7 +120,7 @@ def _logs(world_dir: Path) -> dict[str, list[Event]]:
         }
 
 
-def _observe(world_dir: Path, ledger: Path) -> _Observed:
+def _observe(world_dir: str, ledger: Path) -> _Observed:
     started: set[_Key] = set()
     terminal: set[_Key] = set()
     count = 0
@@ -125,7 +139,7 @@ def _observe(world_dir: Path, ledger: Path) -> _Observed:
     )
 
 
-def _states(world_dir: Path) -> dict[str, dict[str, Any]]:
+def _states(world_dir: str) -> dict[str, dict[str, Any]]:
     timestamps = {"started_at", "updated_at", "completed_at"}
     return {
         run_id: materialize_run_state(events, pricer=price_usage_exact).model_dump(
@@ -141,7 +155,7 @@ def baseline(
 ) -> _Baseline:
     """The uninterrupted run: its append count, final states, ledger and output."""
     root = tmp_path_factory.mktemp("baseline")
-    world_dir, ledger = root / "world", root / "ledger"
+    world_dir, ledger = _sqlite_world(root), root / "ledger"
     server = servers.get()
     try:
         result = _child(server, world_dir, ledger, None).result()
@@ -176,10 +190,14 @@ def _check_ledger(kills: list[_Observed], final: Counter[_Key], expected: Counte
 
 
 def _scenario(
-    server: CrashRunner, root: Path, kill_points: tuple[int, ...], baseline: _Baseline
+    server: CrashRunner,
+    root: Path,
+    kill_points: tuple[int, ...],
+    baseline: _Baseline,
+    make_world: _MakeWorld,
 ) -> None:
     """Kill a run after each append count in ``kill_points`` (one child each), then resume."""
-    world_dir, ledger = root / "world", root / "ledger"
+    world_dir, ledger = make_world(root), root / "ledger"
     kills: list[_Observed] = []
     for n, k in enumerate(kill_points):
         before = kills[-1].events if kills else 0
@@ -204,13 +222,14 @@ def _run_all(
     tmp_path: Path,
     scenarios: Sequence[tuple[int, ...]],
     baseline: _Baseline,
+    make_world: _MakeWorld = _sqlite_world,
 ) -> None:
     def attempt(points: tuple[int, ...]) -> str | None:
         root = tmp_path / "-".join(map(str, points))
         root.mkdir()
         server = servers.get()
         try:
-            _scenario(server, root, points, baseline)
+            _scenario(server, root, points, baseline, make_world)
         except AssertionError as exc:
             return f"kill points {points}: {exc}"
         finally:
@@ -247,8 +266,37 @@ def test_the_crash_switch_past_the_last_append_does_not_fire(
     # Proves N is the exact append count: N kills after RunCompleted, N + 1 never fires.
     server = servers.get()
     try:
-        proc = _child(server, tmp_path / "world", tmp_path / "ledger", baseline.appends + 1)
+        proc = _child(server, _sqlite_world(tmp_path), tmp_path / "ledger", baseline.appends + 1)
     finally:
         servers.put(server)
     assert proc.result()["output"] == baseline.output
-    assert _observe(tmp_path / "world", tmp_path / "ledger").events == baseline.appends
+    assert _observe(_sqlite_world(tmp_path), tmp_path / "ledger").events == baseline.appends
+
+
+@pytest.fixture
+def mariadb_worlds() -> Iterator[_MakeWorld]:
+    """Fresh MariaDB databases, one per scenario, dropped after the test."""
+    server = require_mysql()
+    made: list[str] = []
+
+    def make(root: Path) -> str:
+        made.append(create_test_database(server))
+        return mysql_database_url(server, made[-1])
+
+    yield make
+    for database in made:
+        drop_test_database(server, database)
+
+
+@pytest.mark.mariadb
+def test_on_mariadb_a_run_killed_at_sampled_appends_resumes_to_the_same_state(
+    servers: queue.Queue[CrashRunner],
+    tmp_path: Path,
+    baseline: _Baseline,
+    mariadb_worlds: _MakeWorld,
+) -> None:
+    # Every fifth kill point, the last one, and two double kills: the whole matrix
+    # runs on SQLite above; here the same workflow, killed by SIGKILL, on MariaDB.
+    points = [(k,) for k in range(1, baseline.appends + 1, 5)]
+    points += [(baseline.appends,), (4, _SECOND_KILL_AFTER), (21, _SECOND_KILL_AFTER)]
+    _run_all(servers, tmp_path, list(dict.fromkeys(points)), baseline, mariadb_worlds)

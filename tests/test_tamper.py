@@ -1,5 +1,5 @@
 """The tamper matrix: each way of editing a log behind little_es's back, on a completed run and
-on a run killed mid agent step, on SQLite and PostgreSQL.
+on a run killed mid agent step, on SQLite, PostgreSQL and MariaDB.
 
 Every case ends in a named :class:`RuntimeIntegrityError` before anything is appended or
 executed (row counts and the ledger unchanged); once the original rows are restored (a
@@ -25,7 +25,17 @@ from typing import Any
 import _temporal_worker_proc as proc
 import orjson
 import pytest
-from conftest import WorldSpec, create_test_schema, drop_test_schema, require_postgres, with_query
+from conftest import (
+    WorldSpec,
+    create_test_database,
+    create_test_schema,
+    drop_test_database,
+    drop_test_schema,
+    mysql_database_url,
+    require_mysql,
+    require_postgres,
+    with_query,
+)
 
 from little_es.backends.base import HEADS_TABLE
 from little_es.engine.local import run_workflow
@@ -48,14 +58,17 @@ class _Db:
     def __init__(self, spec: WorldSpec) -> None:
         self.spec = spec
         self.pg = spec.backend == "postgres"
-        self.id_column = "notification_id" if self.pg else "rowid"
-        self.mark = "%s" if self.pg else "?"
-        # eventsourcing's names: the PostgreSQL table is named after the application.
-        self.table = "littlees_events" if self.pg else "stored_events"
+        self.my = spec.backend == "mariadb"
+        self.id_column = {"postgres": "notification_id", "mariadb": "id"}.get(spec.backend, "rowid")
+        self.mark = "%s" if self.pg or self.my else "?"
+        # eventsourcing's names: the server tables are named after the application.
+        self.table = "littlees_events" if self.pg or self.my else "stored_events"
 
     def _connect(self) -> Any:
         if self.pg:
             return self.spec.connect_postgres()
+        if self.my:
+            return _MySQLConnection(self.spec)
         assert self.spec.data_dir is not None
         return sqlite3.connect(self.spec.data_dir / "events.sqlite3", isolation_level=None)
 
@@ -72,11 +85,12 @@ class _Db:
             f"SELECT {self.id_column}, originator_id, originator_version, topic, state"
             f" FROM {self.table} ORDER BY {self.id_column}"
         )
-        return [(i, str(s), v, t, bytes(d)) for i, s, v, t, d in found]
+        # MariaDB's ids are BINARY(16): kept as bytes, as stream() gives them.
+        return [(i, s if self.my else str(s), v, t, bytes(d)) for i, s, v, t, d in found]
 
-    def stream(self, run_id: str) -> str:
+    def stream(self, run_id: str) -> Any:
         sid = run_stream_id(run_id)
-        return str(sid) if self.pg else sid.hex
+        return str(sid) if self.pg else sid.bytes if self.my else sid.hex
 
     def set_state(self, row_id: int, state: bytes) -> None:
         self.run(f"UPDATE {self.table} SET state = ? WHERE {self.id_column} = ?", state, row_id)
@@ -126,6 +140,21 @@ class _Db:
                 )
         finally:
             conn.close()
+
+
+class _MySQLConnection:
+    """A PyMySQL connection with the ``execute`` of sqlite3's and psycopg's connections."""
+
+    def __init__(self, spec: WorldSpec) -> None:
+        self._conn = spec.connect_mysql()
+
+    def execute(self, sql: str, params: Any = ()) -> Any:
+        cursor = self._conn.cursor()
+        cursor.execute(sql, params)
+        return cursor
+
+    def close(self) -> None:
+        self._conn.close()
 
 
 def _ledger_counts(path: Path) -> Counter[tuple[str, str]]:
@@ -275,7 +304,14 @@ def _make_state(spec: WorldSpec, state: str, ledger: Path) -> None:
     assert done.returncode == expected, done.stderr.decode()
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+@pytest.fixture(
+    scope="module",
+    params=[
+        "sqlite",
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+    ],
+)
 def pristine(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, _Pristine]]:
@@ -283,13 +319,19 @@ def pristine(
     half run, each with a backup of its tables and of its ledger. Each test restores the
     state it needs into its world."""
     schemas: list[str] = []
+    databases: list[str] = []
     dsn = require_postgres() if request.param == "postgres" else ""
+    server = require_mysql() if request.param == "mariadb" else ""
     found: dict[str, _Pristine] = {}
     try:
         for state in ("completed", "half"):
             if request.param == "sqlite":
                 data_dir = tmp_path_factory.mktemp(state) / "world"
                 spec = WorldSpec("sqlite", f"sqlite:///{data_dir}", data_dir=data_dir)
+            elif request.param == "mariadb":
+                databases.append(create_test_database(server))
+                url = mysql_database_url(server, databases[-1])
+                spec = WorldSpec("mariadb", url, dsn=server, database=databases[-1])
             else:
                 schemas.append(create_test_schema(dsn))
                 url = with_query(dsn, "schema", schemas[-1])
@@ -301,6 +343,8 @@ def pristine(
     finally:
         for schema in schemas:
             drop_test_schema(dsn, schema)
+        for database in databases:
+            drop_test_database(server, database)
 
 
 @pytest.mark.parametrize(

@@ -231,7 +231,7 @@ async def _history_size(handle: WorkflowHandle[Any, Any]) -> int:
 # ------------------------------------------------------------------ the tests
 
 
-@pytest.mark.backends("memory", "sqlite", "postgres")
+@pytest.mark.backends("memory", "sqlite", "postgres", "mariadb")
 async def test_every_kind_of_step_runs_on_temporal(
     client: Client, world: World, ledger: Path
 ) -> None:

@@ -1,4 +1,4 @@
-"""Storage backends: one module each (memory, sqlite, postgres) behind one small ABC.
+"""Storage backends: one module each (memory, sqlite, postgres, mysql) behind one small ABC.
 
 A backend module holds everything one kind of storage needs, behind
 :class:`~little_es.backends.base.Backend`: the eventsourcing persistence

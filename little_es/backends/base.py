@@ -18,9 +18,10 @@
 * :meth:`Backend.runs_view` - where the runs read model (:class:`RunsView`) lives;
 * :meth:`Backend.close`.
 
-The three built-in backends are :mod:`~little_es.backends.memory`,
-:mod:`~little_es.backends.sqlite` and :mod:`~little_es.backends.postgres`; a
-new one subclasses these ABCs in a module of its own and passes
+The four built-in backends are :mod:`~little_es.backends.memory`,
+:mod:`~little_es.backends.sqlite`, :mod:`~little_es.backends.postgres` and
+:mod:`~little_es.backends.mysql` (MariaDB/MySQL through eventsourcing-sqlalchemy);
+a new one subclasses these ABCs in a module of its own and passes
 :mod:`little_es.testing.backend`.
 """
 

@@ -37,7 +37,8 @@ WorldOption = Annotated[
     typer.Option(
         "--world",
         help=(
-            "World URL: sqlite:///dir, postgresql://user@host/db, memory://"
+            "World URL: sqlite:///dir, postgresql://user@host/db,"
+            " mysql+pymysql://user@host/db, memory://"
             f" [default: ${WORLD_ENV_VAR}, else sqlite:///{DEFAULT_DATA_DIR}]"
         ),
         show_default=False,
