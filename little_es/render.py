@@ -14,6 +14,7 @@ an example: each takes the data (or the world and a run id) and a
 * :func:`render_runs` - the runs of a world (``little runs``);
 * :func:`render_verify` - what :func:`~little_es.verify.verify_world` found
   (``little verify``);
+* :func:`render_transfer` - what ``little export`` wrote or ``little import`` appended;
 * :func:`render_prices` - the prices recorded in a world (``little prices list``);
 * :func:`render_diff` - two runs side by side, step by step (``little diff``);
 * :func:`render_loops` - the outer loops of a world (``little loops``);
@@ -55,6 +56,7 @@ from little_es.materialize import MaterializedRunState
 from little_es.orchestrator import RunTree, SubRunSummary, list_sub_runs, run_tree, sum_usage
 from little_es.outer_loop import cycle_cost, list_outer_loops, load_outer_loop, loop_totals
 from little_es.replay import ReplayResult, read_run_state
+from little_es.transfer import TransferCounts
 from little_es.values import Budget, UsageTotals
 from little_es.verify import VerifyReport
 from little_es.world import World
@@ -427,6 +429,15 @@ def render_verify(report: VerifyReport, console: Console) -> None:
         console.print(f"[green]ok[/]: {checked}, every chain and artifact holds")
     else:
         console.print(f"[red]BROKEN[/]: {report.problems} of {checked} do not hold")
+
+
+def render_transfer(verb: str, counts: TransferCounts, world: str, console: Console) -> None:
+    """One line: what ``little export`` wrote or ``little import`` appended, and where."""
+    console.print(
+        f"{verb} {_count(counts.streams, 'stream')}, {_count(counts.events, 'event')},"
+        f" {_count(counts.snapshots, 'snapshot')}, {_count(counts.artifacts, 'artifact')}"
+        f" {'from' if verb == 'exported' else 'into'} {escape(world)}"
+    )
 
 
 def _count(n: int, noun: str) -> str:

@@ -8,6 +8,8 @@ plugins' in :func:`_register_plugins`:
 * ``little run | resume`` - drive a workflow (:mod:`little_es.cli.run`);
 * ``little cancel | diff`` - stop a run from outside; compare two runs
   (:mod:`little_es.cli.operate`);
+* ``little export | import`` - move a world to another backend as JSONL
+  (:mod:`little_es.cli.transfer`);
 * ``little unlock`` - who holds a run's lease; ``--force`` takes it from a
   stuck holder (:mod:`little_es.cli.unlock`);
 * ``little ui`` - a local, read-only web page of the world's runs (the ``ui`` extra,
@@ -44,7 +46,7 @@ from eventsourcing.persistence import PersistenceError
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from little_es.cli import inspection, operate, prices, run, ui, unlock
+from little_es.cli import inspection, operate, prices, run, transfer, ui, unlock
 from little_es.errors import LittleEsError
 
 __all__ = ["OPTIONAL_COMMANDS", "PLUGIN_GROUP", "app"]
@@ -158,6 +160,8 @@ def _register(app: typer.Typer) -> None:
     app.command("runs")(inspection.runs_command)
     app.command("loops")(inspection.loops_command)
     app.command("verify")(inspection.verify_command)
+    app.command("export")(transfer.export_command)
+    app.command("import")(transfer.import_command)
     app.command("run")(run.run_command)
     app.command("resume")(run.resume_command)
     app.command("cancel")(operate.cancel_command)
