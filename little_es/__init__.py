@@ -25,6 +25,10 @@ from little_es.errors import (
     EngineUnsupportedError,
     EventLogError,
     EventPayloadError,
+    ExportFormatError,
+    ExportTruncatedError,
+    ExportVersionError,
+    ImportConflictError,
     InvalidBranchSetError,
     InvalidRunIdError,
     InvalidStepPathError,
@@ -143,6 +147,7 @@ from little_es.pricing import (
 from little_es.projections import list_runs
 from little_es.replay import ReplayPlanStep, ReplayResult, replay_run
 from little_es.totals import run_tree_totals
+from little_es.transfer import TransferCounts, export_world, import_world
 from little_es.values import (
     ArtifactRef,
     Budget,
@@ -196,9 +201,13 @@ __all__ = [
     "Event",
     "EventLogError",
     "EventPayloadError",
+    "ExportFormatError",
+    "ExportTruncatedError",
+    "ExportVersionError",
     "HarnessEvent",
     "HarnessSession",
     "HydratedArtifact",
+    "ImportConflictError",
     "InvalidBranchSetError",
     "InvalidRunIdError",
     "InvalidStepPathError",
@@ -292,6 +301,7 @@ __all__ = [
     "ToolContext",
     "ToolError",
     "ToolSpec",
+    "TransferCounts",
     "TurnLimitExceededError",
     "UnknownEventTypeError",
     "UnknownStepError",
@@ -313,8 +323,10 @@ __all__ = [
     "check_leases",
     "configure_logging",
     "decision",
+    "export_world",
     "get_logger",
     "get_model_info_for",
+    "import_world",
     "list_outer_loops",
     "list_runs",
     "list_sub_runs",

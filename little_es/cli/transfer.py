@@ -68,7 +68,9 @@ def export_command(
         with _progress_bar() as tell:
             counts = export_world(w, out, progress=tell)
         out.flush()
-        render_transfer("exported", counts, w.name, Console(stderr=True, highlight=False))
+        render_transfer(
+            "exported", counts, w.name, Console(stderr=True, highlight=False, soft_wrap=True)
+        )
 
 
 def import_command(
