@@ -436,7 +436,8 @@ def render_transfer(verb: str, counts: TransferCounts, world: str, console: Cons
     console.print(
         f"{verb} {_count(counts.streams, 'stream')}, {_count(counts.events, 'event')},"
         f" {_count(counts.snapshots, 'snapshot')}, {_count(counts.artifacts, 'artifact')}"
-        f" {'from' if verb == 'exported' else 'into'} {escape(world)}"
+        f" {'from' if verb == 'exported' else 'into'} {escape(world)}",
+        soft_wrap=True,
     )
 
 

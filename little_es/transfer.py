@@ -280,24 +280,17 @@ def export_world(
                         }
                     )
     tell("checking streams", total, total)
-    blobs: list[dict[str, Any]] = []
     for done, ref in enumerate(refs.values()):
-        tell("reading artifacts", done, len(refs))
-        data = world.artifacts.get(ref).payload
-        blobs.append(
-            {
-                "type": "artifact",
-                "sha256": ref.sha256,
-                "size": len(data),
-                "data": base64.b64encode(data).decode(),
-            }
-        )
-    tell("reading artifacts", len(refs), len(refs))
+        # Read (and re-hashed) now, so a missing or corrupt artifact stops the export before
+        # its first line; read again when written, so no blob is held in memory meanwhile.
+        tell("checking artifacts", done, len(refs))
+        world.artifacts.get(ref)
+    tell("checking artifacts", len(refs), len(refs))
     counts = TransferCounts(
         streams=len(streams),
         events=sum(versions.values()),
         snapshots=len(snapshots),
-        artifacts=len(blobs),
+        artifacts=len(refs),
     )
     writer = _Writer(out)
     writer.line(
@@ -321,8 +314,18 @@ def export_world(
         writer.line({"type": "event", **_row_fields(stream_id, version, topic, data)})
         written += 1
     tell("writing events", written, counts.events)
-    for line in (*snapshots, *blobs):
+    for line in snapshots:
         writer.line(line)
+    for ref in refs.values():
+        data = world.artifacts.get(ref).payload
+        writer.line(
+            {
+                "type": "artifact",
+                "sha256": ref.sha256,
+                "size": len(data),
+                "data": base64.b64encode(data).decode(),
+            }
+        )
     writer.line(
         {"type": "trailer", "counts": counts.model_dump(), "sha256": writer.digest.hexdigest()}
     )

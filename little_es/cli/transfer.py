@@ -63,7 +63,7 @@ def export_command(
     """Write every stream, snapshot and artifact of a world to stdout as JSONL."""
     with inspection_world(world) as w, contextlib.ExitStack() as stack:
         out: IO[bytes] = (
-            stack.enter_context(output.open("xb")) if output is not None else sys.stdout.buffer
+            stack.enter_context(output.open("wb")) if output is not None else sys.stdout.buffer
         )
         with _progress_bar() as tell:
             counts = export_world(w, out, progress=tell)
