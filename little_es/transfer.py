@@ -655,7 +655,12 @@ def _checked_snapshots(
     """The snapshots, each checked to stand on the exported event of its version."""
     for stream_id, version, topic, data in parsed.snapshots:
         rows = by_stream.get(stream_id, [])
-        unframe(stream_id, version, topic, data, unframed_allowed=False)
+        try:
+            unframe(stream_id, version, topic, data, unframed_allowed=False)
+        except LogTamperedError as exc:
+            raise LogTamperedError(
+                f"in the export, the snapshot of stream {stream_id}: {exc} (nothing was imported)"
+            ) from exc
         if version > len(rows) or row_digest(rows[version - 1][2]) != bytes(data[1:33]):
             raise LogTamperedError(
                 f"in the export, the snapshot of stream {stream_id} at version {version} does"

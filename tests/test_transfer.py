@@ -17,6 +17,8 @@ import asyncio
 import hashlib
 import io
 import os
+import shutil
+import sqlite3
 import subprocess
 import sys
 from collections import Counter
@@ -39,9 +41,11 @@ from little_es import (
     export_world,
     import_world,
 )
+from little_es.domain import Run
 from little_es.engine.local import run_workflow
 from little_es.events import StepCompleted, StepFailed, StepStarted
 from little_es.harness.model import ScriptedModel, ScriptedReply
+from little_es.ids import run_stream_id
 from little_es.orchestrator import start_workflow_tool
 from little_es.outer_loop import run_outer_loop_sync
 from little_es.projections import list_runs
@@ -51,7 +55,7 @@ from little_es.values import ModelRequest, ToolCall, Usage
 from little_es.workflow.authoring import Workflow, agent, task
 from little_es.workflow.context import StepContext
 from little_es.workflow.ir import RetryPolicy
-from little_es.world import World, local_world, memory_world, open_world
+from little_es.world import LittleApplication, World, local_world, memory_world, open_world
 from tests import _outer_loop_proc as loop_proc
 from tests._tickets import Ticket
 from tests.conftest import create_test_schema, drop_test_schema, require_postgres, with_query
@@ -432,3 +436,64 @@ def test_the_export_functions_refuse_what_is_not_a_world_or_a_file() -> None:
         export_world("sqlite:///x", io.BytesIO())  # type: ignore[arg-type]
     with memory_world() as world, pytest.raises(TypeError, match="file object"):
         import_world(world, b"{}")  # type: ignore[arg-type]
+
+
+def test_a_tampered_source_is_refused_and_nothing_reaches_stdout(
+    source: Source, tmp_path: Path
+) -> None:
+    data_dir = tmp_path / "copy"
+    shutil.copytree(Path(source.url.removeprefix("sqlite:///")), data_dir)
+    conn = sqlite3.connect(data_dir / "events.sqlite3")
+    with conn:
+        rowid, state = conn.execute(
+            "SELECT rowid, state FROM stored_events WHERE topic = 'StepCompleted' LIMIT 1"
+        ).fetchone()
+        conn.execute(
+            "UPDATE stored_events SET state = ? WHERE rowid = ?",
+            (bytes(state).replace(b'"step_path":"', b'"step_path":"x', 1), rowid),
+        )
+    conn.close()
+    done = _little("export", "--world", f"sqlite:///{data_dir}")
+    assert done.returncode == 1
+    assert done.stdout == b""
+    assert "does not match its own digest" in done.stderr.decode()
+
+
+def test_snapshots_travel_and_stand_on_their_events(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(LittleApplication.snapshotting_intervals, Run, 4)
+    steps = [task(f"s{i}", _double) for i in range(4)]
+    out = io.BytesIO()
+    with local_world(tmp_path / "a") as world:
+        run_workflow_sync(world, Workflow("long", steps=steps), {"n": 1}, run_id="run_long")
+        counts = export_world(world, out)
+        before = replay_run(world, "run_long")
+    assert counts.snapshots >= 1
+    lines = _lines(out.getvalue())
+    with local_world(tmp_path / "b") as target:
+        assert import_world(target, io.BytesIO(out.getvalue())).snapshots == counts.snapshots
+        assert target.app.snapshots is not None
+        assert target.app.snapshots.recorder.select_events(run_stream_id("run_long"))
+        assert replay_run(target, "run_long") == before
+        assert target.load_run("run_long").version == before.state.event_count
+    # A snapshot that does not stand on the event of its version is refused.
+    snapshot = next(line for line in lines if line["type"] == "snapshot")
+    snapshot["frame"] = "01" + "00" * 32 + snapshot["frame"][66:]
+    with local_world(tmp_path / "c") as target:
+        with pytest.raises(LogTamperedError, match="snapshot"):
+            import_world(target, io.BytesIO(_join(lines)))
+        assert not target.app.recorder.max_notification_id()
+
+
+def test_the_cli_reads_and_writes_files_too(source: Source, tmp_path: Path) -> None:
+    target = f"sqlite:///{tmp_path / 'target'}"
+    assert _little("import", "--world", target, stdin=source.export).returncode == 0
+    again = tmp_path / "again.jsonl"
+    done = _little("export", "--world", target, "--output", str(again))
+    assert done.returncode == 0 and done.stdout == b""
+    moved = tmp_path / "moved"
+    assert _little("import", "--world", f"sqlite:///{moved}", "--input", str(again)).returncode == 0
+    with open_world(f"sqlite:///{moved}") as world:
+        for run_id, replay in source.replays.items():
+            assert replay_run(world, run_id) == replay, run_id
