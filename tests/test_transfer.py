@@ -14,6 +14,7 @@ unchanged.
 
 # No `from __future__ import annotations`: the orchestrator's test tool keeps real hints.
 import asyncio
+import base64
 import hashlib
 import io
 import os
@@ -25,18 +26,20 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import orjson
 import pytest
 
 from little_es import (
+    ArtifactIntegrityError,
     ArtifactNotFoundError,
     ExportFormatError,
     ExportTruncatedError,
     ExportVersionError,
     ImportConflictError,
     LogTamperedError,
+    RunEvent,
     RunFailedError,
     export_world,
     import_world,
@@ -52,6 +55,7 @@ from little_es.projections import list_runs
 from little_es.replay import replay_run
 from little_es.testing import CrashRunner
 from little_es.values import ModelRequest, ToolCall, Usage
+from little_es.verify import verify_world
 from little_es.workflow.authoring import Workflow, agent, task
 from little_es.workflow.context import StepContext
 from little_es.workflow.ir import RetryPolicy
@@ -258,19 +262,46 @@ def test_a_world_moved_verifies_replays_equal_and_a_resume_reruns_nothing_commit
     assert _little("verify", "--all", "--world", url).returncode == 0
 
 
-def test_a_memory_world_moves_to_sqlite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+class Approved(RunEvent):
+    """A user's own event on a run: it travels like the runtime's."""
+
+    wire_name: ClassVar[str] = "test_transfer.Approved"
+    approver: str
+
+
+def _log_order(world: World) -> list[tuple[str, int]]:
+    return [
+        (str(n.originator_id), n.originator_version)
+        for n in world.app.recorder.select_notifications(start=None, limit=10_000)
+    ]
+
+
+def test_a_memory_world_moves_to_sqlite_in_the_order_of_its_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = io.BytesIO()
     with memory_world() as world:
         run_workflow_sync(world, Workflow("done", steps=[task("big", _big)]), {}, run_id="run_mem")
+        run_workflow_sync(
+            world, Workflow("two", steps=[task("a", _double)]), {"n": 2}, run_id="two"
+        )
+        world.record_run_event("run_mem", Approved, approver="ops")
         counts = export_world(world, out)
-        before = replay_run(world, "run_mem")
+        before = {run_id: replay_run(world, run_id) for run_id in ("run_mem", "two")}
+        order = _log_order(world)
     assert counts.artifacts == 1
     with local_world(tmp_path / "b") as target:
         assert import_world(target, io.BytesIO(out.getvalue())) == counts
     with local_world(tmp_path / "b") as target:
-        assert replay_run(target, "run_mem") == before
+        assert {run_id: replay_run(target, run_id) for run_id in before} == before
+        # The world's log keeps its order: a user's projection sees the same sequence.
+        assert _log_order(target) == order
+        assert [e.approver for e in target.read_run_log("run_mem") if isinstance(e, Approved)] == [
+            "ops"
+        ]
+        # In this process: `little verify` elsewhere could not import the test's own event.
+        assert verify_world(target).ok
     assert capsys.readouterr().out == "", "the library writes nothing to stdout"
-    assert _little("verify", "--all", "--world", f"sqlite:///{tmp_path / 'b'}").returncode == 0
 
 
 def test_a_target_with_streams_of_its_own_keeps_them_and_its_identity(
@@ -328,6 +359,13 @@ def _drop_artifact(data: bytes) -> bytes:
     return _join(lines)
 
 
+def _change_artifact(data: bytes) -> bytes:
+    lines = _lines(data)
+    blob = next(line for line in lines if line["type"] == "artifact")
+    blob["data"] = base64.b64encode(b"other bytes").decode()
+    return _join(lines)
+
+
 def _swap_events(data: bytes) -> bytes:
     lines = _lines(data)
     first = next(i for i, line in enumerate(lines) if line["type"] == "event")
@@ -381,6 +419,7 @@ HOSTILE: dict[str, tuple[Callable[[bytes], bytes], type[Exception], str]] = {
     "event removed, counts fixed": (_skip_event, LogTamperedError, "missing"),
     "lines moved": (_swap_events, ExportFormatError, "moved"),
     "artifact missing": (_drop_artifact, ArtifactNotFoundError, "not in it"),
+    "artifact changed, trailer resealed": (_change_artifact, ArtifactIntegrityError, "hash"),
 }
 
 
