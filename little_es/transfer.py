@@ -19,9 +19,11 @@ per line, in this order::
 Every row travels as stored: its chain frame (:mod:`little_es.chain`) and its payload's
 exact bytes (``payload_b64`` instead of ``payload`` for bytes that are not UTF-8), so the
 events keep their ids, versions and timestamps and the chain still verifies on the
-target. A stream's ``head`` covers every row exported. The trailer's ``sha256`` is the
-digest of every byte before the trailer line: a truncated stream (no trailer), lines
-added, removed, changed or moved are refused.
+target. A stream's ``head`` covers every row exported. Events of the user's own classes
+(``RunEvent`` subclasses, eventsourcing aggregates) travel without their classes being
+importable where the world is moved: their payloads must be JSON objects. The trailer's
+``sha256`` is the digest of every byte before the trailer line: a truncated stream (no
+trailer), lines added, removed, changed or moved are refused.
 
 :func:`import_world` reads the whole stream and checks it before it writes anything: the
 format and version, the trailer, each stream's rows against their chain and head
@@ -66,6 +68,7 @@ from little_es.errors import (
     ArtifactNotFoundError,
     ConcurrencyConflictError,
     EventLogError,
+    EventPayloadError,
     ExportFormatError,
     ExportTruncatedError,
     ExportVersionError,
@@ -182,6 +185,38 @@ def _refs(event: Event) -> Iterator[ArtifactRef]:
             yield from (v for v in value if isinstance(v, ArtifactRef))
 
 
+def _checked(
+    mapper: PydanticMapper, stream_id: UUID, version: int, topic: str, payload: bytes
+) -> Event | None:
+    """One row's payload decoded and validated as the readers do; None for a class of the
+    user's this process has not imported.
+
+    A user's eventsourcing aggregate's event (``module:qualname``) or own ``RunEvent`` (a wire
+    name no imported class registers) need not be importable where a world is moved (the
+    ``little`` command imports none of the user's code): its payload must be a JSON object,
+    and its bytes are the ones its writer validated, as the chain proves. Whoever reads it
+    with the class decodes it, as on the source.
+    """
+    if event_class_for(topic) is not None:
+        return mapper.decode_payload(stream_id, version, topic, payload)
+    if is_domain_topic(topic):
+        check_domain_payload(stream_id, version, topic, payload)
+        return None
+    try:
+        state = orjson.loads(payload)
+    except orjson.JSONDecodeError as exc:
+        raise EventPayloadError(
+            f"stored event {topic!r} (stream {stream_id}, version {version}) is not valid"
+            f" JSON: {exc}; the log is corrupt"
+        ) from None
+    if not isinstance(state, dict):
+        raise EventPayloadError(
+            f"stored event {topic!r} (stream {stream_id}, version {version}) is not a JSON"
+            " object; the log is corrupt"
+        )
+    return None
+
+
 def _notifications(world: World, last: int) -> Iterator[tuple[UUID, int, str, bytes]]:
     """The world's log up to notification ``last``, in order: (stream, version, topic, bytes)."""
     recorder = world.app.recorder
@@ -241,10 +276,9 @@ def export_world(
         first: Event | None = None
         for version, topic, data in rows:
             feed(running, topic, data)
-            if event_class_for(topic) is None and is_domain_topic(topic):
-                check_domain_payload(stream_id, version, topic, payload_of(data))
+            event = _checked(mapper, stream_id, version, topic, payload_of(data))
+            if event is None:
                 continue
-            event = mapper.decode_payload(stream_id, version, topic, payload_of(data))
             first = first or event
             for ref in _refs(event):
                 refs.setdefault(ref.sha256, ref)
@@ -562,12 +596,8 @@ def import_world(
                     f" {len(rows)} of its {declared.version} events"
                 )
             for version, topic, data in rows:
-                payload = payload_of(data)
-                if event_class_for(topic) is None and is_domain_topic(topic):
-                    check_domain_payload(stream_id, version, topic, payload)
-                    continue
-                event = mapper.decode_payload(stream_id, version, topic, payload)
-                for ref in _refs(event):
+                event = _checked(mapper, stream_id, version, topic, payload_of(data))
+                for ref in _refs(event) if event is not None else ():
                     refs.setdefault(ref.sha256, ref)
         except EventLogError as exc:
             raise type(exc)(

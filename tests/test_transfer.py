@@ -531,3 +531,22 @@ def test_the_cli_reads_and_writes_files_too(source: Source, tmp_path: Path) -> N
     with open_world(f"sqlite:///{moved}") as world:
         for run_id, replay in source.replays.items():
             assert replay_run(world, run_id) == replay, run_id
+
+
+def test_a_users_own_events_move_with_the_cli_which_cannot_import_their_class(
+    tmp_path: Path,
+) -> None:
+    source_dir, target_dir = tmp_path / "a", tmp_path / "b"
+    with local_world(source_dir) as world:
+        run_workflow_sync(world, Workflow("own", steps=[task("a", _double)]), {"n": 1}, run_id="r")
+        world.record_run_event("r", Approved, approver="ops")
+        before = replay_run(world, "r")
+    exported = _little("export", "--world", f"sqlite:///{source_dir}")
+    assert exported.returncode == 0, exported.stderr.decode()
+    assert b"test_transfer.Approved" in exported.stdout
+    imported = _little("import", "--world", f"sqlite:///{target_dir}", stdin=exported.stdout)
+    assert imported.returncode == 0, imported.stderr.decode()
+    with local_world(target_dir) as target:
+        assert [e.approver for e in target.read_run_log("r") if isinstance(e, Approved)] == ["ops"]
+        assert replay_run(target, "r") == before
+        assert verify_world(target).ok
