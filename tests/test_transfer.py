@@ -491,6 +491,9 @@ def test_a_tampered_source_is_refused_and_nothing_reaches_stdout(
     assert done.returncode == 1
     assert done.stdout == b""
     assert "does not match its own digest" in done.stderr.decode()
+    to_file = _little("export", "--world", f"sqlite:///{data_dir}", "-o", str(tmp_path / "x"))
+    assert to_file.returncode == 1
+    assert not list(tmp_path.glob("x*")), "a refused export leaves no file behind"
 
 
 def test_snapshots_travel_and_stand_on_their_events(

@@ -11,44 +11,18 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 
 from little_es.cli.common import WorldOption, console, inspection_world
-from little_es.render import render_transfer
-from little_es.transfer import TransferProgress, export_world, import_world
+from little_es.render import progress_bar, render_transfer
+from little_es.transfer import export_world, import_world
 from little_es.world import open_world
 
 __all__ = ["export_command", "import_command"]
-
-
-@contextlib.contextmanager
-def _progress_bar() -> Iterator[TransferProgress]:
-    """A rich progress bar on stderr (never stdout, which may be the export stream)."""
-    err = Console(stderr=True)
-    bar = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        console=err,
-        transient=True,
-        disable=not err.is_terminal,
-    )
-    tasks: dict[str, TaskID] = {}
-
-    def tell(what: str, done: int, total: int) -> None:
-        task = tasks.get(what)
-        if task is None:
-            task = tasks[what] = bar.add_task(what, total=total)
-        bar.update(task, completed=done, total=total)
-
-    with bar:
-        yield tell
 
 
 def export_command(
@@ -61,13 +35,22 @@ def export_command(
     ] = None,
 ) -> None:
     """Write every stream, snapshot and artifact of a world to stdout as JSONL."""
-    with inspection_world(world) as w, contextlib.ExitStack() as stack:
-        out: IO[bytes] = (
-            stack.enter_context(output.open("wb")) if output is not None else sys.stdout.buffer
-        )
-        with _progress_bar() as tell:
-            counts = export_world(w, out, progress=tell)
-        out.flush()
+    with inspection_world(world) as w:
+        if output is None:
+            with progress_bar(Console(stderr=True)) as tell:
+                counts = export_world(w, sys.stdout.buffer, progress=tell)
+            sys.stdout.buffer.flush()
+        else:
+            # Written beside it and renamed when whole, so a refused or interrupted export
+            # never leaves a file that looks like one.
+            partial = output.with_name(output.name + ".partial")
+            try:
+                with partial.open("wb") as out, progress_bar(Console(stderr=True)) as tell:
+                    counts = export_world(w, out, progress=tell)
+            except BaseException:
+                partial.unlink(missing_ok=True)
+                raise
+            partial.replace(output)
         render_transfer(
             "exported", counts, w.name, Console(stderr=True, highlight=False, soft_wrap=True)
         )
@@ -90,6 +73,6 @@ def import_command(
             else sys.stdin.buffer
         )
         w = stack.enter_context(open_world(world))
-        with _progress_bar() as tell:
+        with progress_bar(Console(stderr=True)) as tell:
             counts = import_world(w, source, progress=tell)
         render_transfer("imported", counts, w.name, console())
