@@ -582,11 +582,8 @@ def import_world(
     for done, (stream_id, rows) in enumerate(by_stream.items()):
         tell("checking streams", done, total)
         declared = parsed.streams[stream_id]
-        head = Head(
-            declared.version,
-            _hex(declared.head.get("digest"), 32, 0, "a head's digest"),
-            _hex(declared.head.get("running"), 32, 0, "a head's running digest"),
-        )
+        head = _declared_head(declared)
+        owner: str | None = None
         try:
             verify_stream(stream_id, rows, head, legacy=legacy)
             check_rows(stream_id, rows)
@@ -595,14 +592,35 @@ def import_world(
                     f"stream {stream_id} ({declared.kind} {declared.name}): the export carries"
                     f" {len(rows)} of its {declared.version} events"
                 )
+            first: Event | None = None
             for version, topic, data in rows:
                 event = _checked(mapper, stream_id, version, topic, payload_of(data))
-                for ref in _refs(event) if event is not None else ():
+                if event is None:
+                    continue
+                first = first or event
+                if isinstance(first, RunStarted | SessionStarted):
+                    owner = first.run_id
+                for ref in _refs(event):
+                    if owner is not None and ref.run_id != owner:
+                        raise ArtifactIntegrityError(
+                            f"stream {stream_id}, version {version}: references artifact"
+                            f" {ref.artifact_id} made for run {ref.run_id!r}, in run {owner!r}"
+                            " (a reference was copied from another run)"
+                        )
                     refs.setdefault(ref.sha256, ref)
-        except EventLogError as exc:
+        except (EventLogError, ArtifactIntegrityError) as exc:
             raise type(exc)(
                 f"in the export, {declared.kind} {declared.name}: {exc} (nothing was imported)"
             ) from exc
+        kind, name = _identify(first, stream_id)
+        if kind == "stream" and rows and is_domain_topic(rows[0][1]):
+            kind, name = "aggregate", rows[0][1].rsplit(".", 1)[0]
+        if (kind, name) != (declared.kind, declared.name):
+            raise ExportFormatError(
+                f"the export declares stream {stream_id} as {declared.kind} {declared.name!r},"
+                f" but its events are those of {kind} {name!r}: the file was changed; export"
+                " the world again (nothing was imported)"
+            )
         heads[stream_id] = head
     tell("checking streams", total, total)
     for sha, ref in refs.items():
@@ -677,6 +695,33 @@ def import_world(
         snapshots=len(snapshots),
         artifacts=len(needed),
     )
+
+
+def _declared_head(declared: _Stream) -> Head:
+    """The head a stream line declares, its fields checked."""
+    fields = declared.head
+
+    def digest(name: str) -> bytes:
+        value = fields.get(name)
+        try:
+            data = bytes.fromhex(value) if isinstance(value, str) else b""
+        except ValueError:
+            data = b""
+        if len(data) != 32:
+            raise ExportFormatError(
+                f"the export's stream {declared.stream_id} has a head whose {name} is not 32"
+                " bytes of hex: the file was changed; export the world again (nothing was"
+                " imported)"
+            )
+        return data
+
+    if fields.get("version") != declared.version:
+        raise ExportFormatError(
+            f"the export's stream {declared.stream_id} declares {declared.version} events and a"
+            f" head at version {fields.get('version')!r}: the file was changed; export the world"
+            " again (nothing was imported)"
+        )
+    return Head(declared.version, digest("digest"), digest("running"))
 
 
 def _checked_snapshots(

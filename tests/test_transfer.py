@@ -22,6 +22,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ from little_es import (
     export_world,
     import_world,
 )
+from little_es.chain import GENESIS, feed, frame, seed
 from little_es.domain import Run
 from little_es.engine.local import run_workflow
 from little_es.events import StepCompleted, StepFailed, StepStarted
@@ -366,6 +368,45 @@ def _change_artifact(data: bytes) -> bytes:
     return _join(lines)
 
 
+def _rename_stream(data: bytes) -> bytes:
+    lines = _lines(data)
+    stream = next(line for line in lines if line["type"] == "stream" and line["kind"] == "run")
+    stream["name"] = "someone_else"
+    return _join(lines)
+
+
+def _rechain(lines: list[dict[str, Any]], stream_id: str, edit: Callable[[str], str]) -> None:
+    """Edit every payload of one stream and recompute its frames and head, as a writer that
+    knows the format could: the chain cannot tell, the import's other checks must."""
+    sid = uuid.UUID(stream_id)
+    prev, running = GENESIS, seed(sid)
+    for line in lines:
+        if line["type"] == "event" and line["stream_id"] == stream_id:
+            payload = edit(line["payload"]).encode()
+            line["payload"] = payload.decode()
+            data = frame(prev, sid, line["version"], line["topic"], payload)
+            line["frame"] = data[:65].hex()
+            feed(running, line["topic"], data)
+            prev = data[33:65]
+    stream = next(x for x in lines if x["type"] == "stream" and x["stream_id"] == stream_id)
+    stream["head"] = {**stream["head"], "digest": prev.hex(), "running": running.digest().hex()}
+
+
+def _copy_artifact_ref(data: bytes) -> bytes:
+    lines = _lines(data)
+    stream = next(x for x in lines if x["type"] == "stream" and x["name"] == "run_done")
+    _rechain(
+        lines,
+        stream["stream_id"],
+        lambda p: (
+            p.replace('"run_id":"run_done"', '"run_id":"run_failed"')
+            if '"output_ref":{' in p
+            else p
+        ),
+    )
+    return _join(lines)
+
+
 def _swap_events(data: bytes) -> bytes:
     lines = _lines(data)
     first = next(i for i, line in enumerate(lines) if line["type"] == "event")
@@ -420,6 +461,12 @@ HOSTILE: dict[str, tuple[Callable[[bytes], bytes], type[Exception], str]] = {
     "lines moved": (_swap_events, ExportFormatError, "moved"),
     "artifact missing": (_drop_artifact, ArtifactNotFoundError, "not in it"),
     "artifact changed, trailer resealed": (_change_artifact, ArtifactIntegrityError, "hash"),
+    "artifact reference copied, chain recomputed": (
+        _copy_artifact_ref,
+        ArtifactIntegrityError,
+        "copied from another run",
+    ),
+    "stream renamed, trailer resealed": (_rename_stream, ExportFormatError, "declares stream"),
 }
 
 
