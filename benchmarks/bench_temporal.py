@@ -6,7 +6,7 @@
    workflow that runs ``--steps`` plain activities doing the same work
    (``--work-ms`` of ``asyncio.sleep`` each, the stand-in for a step's own
    I/O). Both run on the same server, worker options and pydantic data
-   converter; best of ``--repeat``. Target: adapter / plain <= 1.2.
+   converter; best of ``--repeat``. Target: adapter / plain <= 1.1.
 2. History size: the Temporal history, in bytes (the server's own
    ``history_size_bytes``), of a run whose agent step takes 10 turns and of
    one that takes 200 turns (one tool call per turn). Target: equal within 10%:
@@ -203,19 +203,31 @@ async def _history_sizes(client: Client, world: World) -> dict[int, tuple[int, i
     return sizes
 
 
+async def _connect(address: str) -> Client:
+    # A loaded machine's dev server answers before its frontend is healthy.
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return await connect(address)
+        except RuntimeError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
 async def _main(args: argparse.Namespace, figures: Figures) -> None:
     global _work_s
     _work_s = args.work_ms / 1000
     configure_logging(level="WARNING")
     with DevServer() as server, tempfile.TemporaryDirectory(dir=args.world_dir) as data_dir:
-        client = await connect(server.address)
+        client = await _connect(server.address)
         with local_world(Path(data_dir) / "world", synchronous=args.synchronous) as world:
             commit_before = _commit_ms(world)
             adapter, plain, ratio = await _per_step(client, world, args.steps, args.repeat)
             commit_after = _commit_ms(world)
             sizes = await _history_sizes(client, world)
         await asyncio.sleep(0.2)
-    verdict = "ok" if ratio <= 1.2 else "MISSED"
+    verdict = "ok" if ratio <= 1.1 else "MISSED"
     print(
         f"dev server: {server.binary}, world: SQLite in {args.world_dir or tempfile.gettempdir()}"
         f" (synchronous={args.synchronous})"
@@ -223,7 +235,7 @@ async def _main(args: argparse.Namespace, figures: Figures) -> None:
     print(f"per step: {args.steps} steps of {args.work_ms:g} ms of work, {args.repeat} pairs")
     print(f"  plain Temporal activity (best) : {plain * 1000:8.2f} ms")
     print(f"  little_es adapter (best)       : {adapter * 1000:8.2f} ms")
-    print(f"  ratio, median of pairs         : {ratio:8.3f}  (target <= 1.2: {verdict})")
+    print(f"  ratio, median of pairs         : {ratio:8.3f}  (target <= 1.1: {verdict})")
     figures.add(
         f"Temporal adapter, one task step of {args.work_ms:g} ms of work (best of"
         f" {args.repeat}; ratio: median of pairs)",

@@ -8,6 +8,7 @@ from little_es.aggregates import StepAggregates
 from little_es.backends.base import Lease, RunSummary, check_leases
 from little_es.domain import HarnessSession, LoopCycle, OuterLoop, PriceBook, Run
 from little_es.durability import cancel_run
+from little_es.engine.engines import LocalEngine, RunEngine
 from little_es.engine.local import RunResult, run_workflow
 from little_es.errors import (
     AggregateArgumentError,
@@ -28,6 +29,9 @@ from little_es.errors import (
     ExportFormatError,
     ExportTruncatedError,
     ExportVersionError,
+    ForkError,
+    ForkPointError,
+    ForkRunExistsError,
     ImportConflictError,
     InvalidBranchSetError,
     InvalidRunIdError,
@@ -36,6 +40,7 @@ from little_es.errors import (
     LittleEsError,
     LoggingConfigError,
     LogTamperedError,
+    MissingExtraError,
     ModelConfigError,
     ModelError,
     OrchestratorContextError,
@@ -75,6 +80,8 @@ from little_es.events import (
     BudgetExceeded,
     BudgetSet,
     Event,
+    ForkedSession,
+    ForkOrigin,
     HarnessEvent,
     ModelCalled,
     ModelPriceSet,
@@ -92,6 +99,7 @@ from little_es.events import (
     RunCompleted,
     RunEvent,
     RunFailed,
+    RunForked,
     RunResumed,
     RunStarted,
     SessionCompleted,
@@ -103,7 +111,9 @@ from little_es.events import (
     ToolCallFailed,
     ToolCallStarted,
     ToolCallSucceeded,
+    WorkflowAdopted,
 )
+from little_es.fork import fork_points, fork_run
 from little_es.harness.model import Model, ScriptedModel, ScriptedReply
 from little_es.harness.session import SessionOutcome, run_agent_session
 from little_es.harness.tools import Tool, ToolContext, resolve_tools, tool
@@ -204,6 +214,11 @@ __all__ = [
     "ExportFormatError",
     "ExportTruncatedError",
     "ExportVersionError",
+    "ForkError",
+    "ForkOrigin",
+    "ForkPointError",
+    "ForkRunExistsError",
+    "ForkedSession",
     "HarnessEvent",
     "HarnessSession",
     "HydratedArtifact",
@@ -214,12 +229,14 @@ __all__ = [
     "Lease",
     "LeaseLostError",
     "LittleEsError",
+    "LocalEngine",
     "LogTamperedError",
     "LoggingConfigError",
     "LoopContext",
     "LoopCycle",
     "MaterializedRunState",
     "Message",
+    "MissingExtraError",
     "Model",
     "ModelCalled",
     "ModelConfigError",
@@ -261,9 +278,11 @@ __all__ = [
     "RunCancelled",
     "RunCancelledError",
     "RunCompleted",
+    "RunEngine",
     "RunEvent",
     "RunFailed",
     "RunFailedError",
+    "RunForked",
     "RunInputMismatchError",
     "RunNotFoundError",
     "RunRequestError",
@@ -311,6 +330,7 @@ __all__ = [
     "VerifyReport",
     "VisitLimitError",
     "Workflow",
+    "WorkflowAdopted",
     "WorkflowChangedError",
     "WorkflowDefinitionError",
     "WorkflowRefError",
@@ -324,6 +344,8 @@ __all__ = [
     "configure_logging",
     "decision",
     "export_world",
+    "fork_points",
+    "fork_run",
     "get_logger",
     "get_model_info_for",
     "import_world",

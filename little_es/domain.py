@@ -117,6 +117,40 @@ class Aggregate:
         self._pending.append(event)
         return event
 
+    def copy_in(self, source: E, **changes: Any) -> E:
+        """Queue a copy of ``source``, an event of another stream, as this stream's next event.
+
+        The copy keeps ``source``'s fields and timestamp (a copied model call is
+        priced at its own time, and the copied prefix keeps its order when a
+        run's streams are merged by timestamp), except ``changes``; it is
+        validated as :meth:`trigger` validates. A fork's prefix is written so
+        (:mod:`little_es.fork`).
+        """
+        event_class = type(source)
+        if not isinstance(source, self.event_base):
+            raise TypeError(
+                f"{event_class.__qualname__} is not a {self.event_base.__qualname__}:"
+                f" it cannot be copied to a {self.type_name} stream"
+            )
+        fields = {
+            name: getattr(source, name)
+            for name in event_class.model_fields
+            if name not in ("originator_id", "originator_version")
+        }
+        fields.update(changes)
+        try:
+            event = event_class(
+                originator_id=self.id, originator_version=self.version + 1, **fields
+            )
+        except ValidationError as exc:
+            raise EventPayloadError(
+                f"cannot copy {event_class.wire_name or event_class.__qualname__}: {exc}"
+            ) from exc
+        refuse_unvalidated(event, event_class.wire_name or event_class.__qualname__)
+        self.mutate(event)
+        self._pending.append(event)
+        return event
+
     def mutate(self, event: Event) -> None:
         """Apply a stored or new event; versions must follow one another."""
         if isinstance(event, Snapshot):

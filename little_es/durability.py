@@ -87,6 +87,7 @@ from little_es.events import (
     StepKind,
     StepStarted,
     SubRunReserved,
+    WorkflowAdopted,
 )
 from little_es.materialize import RunFold
 from little_es.values import ArtifactRef, Budget, ErrorInfo
@@ -388,6 +389,17 @@ class RunRecorder:
             spent=spent,
             step_path=step_path,
             unpriced_calls=unpriced_calls,
+        )
+
+    def workflow_adopted(self, *, workflow_version: str, ir_hash: str) -> None:
+        """Commit ``WorkflowAdopted``: a fork takes a definition other than its origin's (its
+        prefix checked against it first, :func:`~little_es.engine.integrity.fork_adopts`)."""
+        self._commit(
+            WorkflowAdopted,
+            workflow_version=workflow_version,
+            ir_hash=ir_hash,
+            previous_workflow_version=self.fold.workflow_version or "",
+            previous_ir_hash=self.fold.ir_hash or "",
         )
 
     def run_resumed(self) -> None:

@@ -8,6 +8,9 @@ handle a family::
     ├── InvalidRunIdError (ValueError)       a run id is not 1-128 of [A-Za-z0-9_.-]
     ├── WorldConfigError (ValueError)        a world URL or data directory is unusable
     ├── RunNotFoundError (LookupError)       no run with this id in the world
+    ├── ForkError (ValueError)               an unusable fork_run argument
+    │   ├── ForkPointError                   the fork point names no step the origin completed
+    │   └── ForkRunExistsError               the fork's run id is taken
     ├── OuterLoopNotFoundError (LookupError) no outer loop with this id in the world
     ├── OuterLoopRequestError (ValueError)   an unusable run_outer_loop argument
     ├── LoggingConfigError (ValueError)      a log level or LITTLE_ES_LOG_* value
@@ -64,6 +67,7 @@ handle a family::
     │   └── LeaseLostError                   this process no longer holds the run's lease
     ├── StepSuspendedError                   not a failure: the attempt waits for sub-runs
     ├── ModelError                           a model provider call failed
+    ├── MissingExtraError (ImportError)      an integration's optional extra is not installed
     └── ToolError
         └── ToolArgumentsError (ValueError)
 
@@ -105,6 +109,19 @@ class RunNotFoundError(LittleEsError, LookupError):
         )
 
 
+class ForkError(LittleEsError, ValueError):
+    """A :func:`~little_es.fork.fork_run` argument cannot be used (nothing was written)."""
+
+
+class ForkPointError(ForkError):
+    """The fork point is not a step path, or names no step (or turn) the origin completed;
+    the message lists the points the run can be forked at."""
+
+
+class ForkRunExistsError(ForkError):
+    """The run id asked for the fork is the id of a run that exists."""
+
+
 class OuterLoopNotFoundError(LittleEsError, LookupError):
     """No outer loop with this id exists in the world."""
 
@@ -144,6 +161,11 @@ class RunRequestError(LittleEsError, TypeError):
 
 class ModelConfigError(LittleEsError, ValueError):
     """A model was constructed with invalid arguments (empty id, conflicting options, ...)."""
+
+
+class MissingExtraError(LittleEsError, ImportError):
+    """An integration (``little_es.contrib.*``) was imported without its optional extra; the
+    message names the extra to install."""
 
 
 class OutputNotSerializableError(LittleEsError, TypeError):

@@ -530,3 +530,73 @@ class Snapshot(Event):
         """eventsourcing's snapshot hook: ask the aggregate for its snapshot."""
         snapshot: Snapshot = aggregate.take_snapshot()
         return snapshot
+
+
+# ------------------------------------------------------------------------ forks
+
+
+class ForkedSession(Checked):
+    """One harness session a fork copied: from which origin stream, up to which row."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    origin_session_id: UUID
+    session_id: UUID
+    """The fork's own stream (its run id's session of the same step path and attempt)."""
+    origin_version: int = Field(ge=1)
+    """The last origin row copied (the rows 1..origin_version are the copy's source)."""
+    origin_digest: str
+    """That row's own chain digest (hex; :mod:`little_es.chain`): what was copied, pinned."""
+    copied_events: int = Field(ge=1)
+
+
+class ForkOrigin(Checked):
+    """Where a fork comes from: the origin run, the fork point, and the copied prefix."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    origin_run_id: str
+    at: str
+    """The fork point as asked for (``plan``, ``plan#turn=3``)."""
+    step_path: str
+    turn: int | None = Field(default=None, ge=1)
+    """For a fork inside an agent step: the first turn that runs again."""
+    origin_version: int = Field(ge=1)
+    """The last row of the origin's ``Run`` stream the prefix was taken from."""
+    origin_digest: str
+    """That row's own chain digest (hex): the origin's history up to it, pinned."""
+    copied_events: int = Field(ge=1)
+    """The ``Run`` events copied after ``RunForked`` (``RunStarted`` first)."""
+    sessions: tuple[ForkedSession, ...] = ()
+    input_changed: bool = False
+    forked_at: datetime
+
+
+class RunForked(RunEvent):
+    """The first event of a fork: its origin and the prefix of the origin's history it copies.
+
+    The copied events follow it (``RunStarted`` first), with the origin's
+    timestamps so that the prefix is priced and ordered as it was; the copied
+    harness sessions are streams of the fork's own. Resuming the fork re-uses
+    every committed step, model call and tool call of the prefix
+    (:func:`little_es.fork.fork_run`).
+    """
+
+    wire_name: ClassVar[str] = "RunForked"
+
+    run_id: str
+    origin: ForkOrigin
+
+
+class WorkflowAdopted(RunEvent):
+    """A fork took a workflow definition other than its origin's, before it ran anything past
+    its fork point; the prefix was checked against it first (see
+    :func:`little_es.engine.integrity.assert_fork_prefix_matches`). From here on the run is
+    pinned to this definition, as any run is to its ``RunStarted``'s."""
+
+    wire_name: ClassVar[str] = "WorkflowAdopted"
+
+    workflow_version: str
+    ir_hash: str
+    previous_workflow_version: str
+    previous_ir_hash: str

@@ -45,12 +45,14 @@ from little_es.events import (
     BudgetExceeded,
     BudgetSet,
     Event,
+    ForkOrigin,
     ModelCalled,
     ModelResponded,
     ParallelBranchScheduled,
     RunCancelled,
     RunCompleted,
     RunFailed,
+    RunForked,
     RunResumed,
     RunStarted,
     SessionCompleted,
@@ -63,6 +65,7 @@ from little_es.events import (
     ToolCallFailed,
     ToolCallStarted,
     ToolCallSucceeded,
+    WorkflowAdopted,
 )
 from little_es.values import (
     ArtifactRef,
@@ -138,6 +141,8 @@ class MaterializedRunState(BaseModel):
     stopped_step_path: str | None = None
     """The step a ``budget_exceeded`` run stopped in (None: before a step)."""
     budget: Budget | None = None
+    forked_from: ForkOrigin | None = None
+    """A fork's origin and copied prefix (``RunForked``); None for a run that is no fork."""
     """The run's budget (the latest ``BudgetSet``), over it and its sub-runs."""
     steps: Mapping[str, StepState] = FrozenDict()
     """Per step path, in the order the steps were first started."""
@@ -319,6 +324,7 @@ class RunFold:
     stop_reason: str | None = None
     stopped_step_path: str | None = None
     budget: Budget | None = None
+    forked_from: ForkOrigin | None = None
     steps: dict[str, StepFold] = field(default_factory=dict)
     visits: dict[str, int] = field(default_factory=dict)
     parallel_groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -364,6 +370,7 @@ class RunFold:
             stop_reason=state.stop_reason,
             stopped_step_path=state.stopped_step_path,
             budget=state.budget,
+            forked_from=state.forked_from,
             visits=dict(state.visits),
             parallel_groups=dict(state.parallel_groups),
             pending_decision_target=state.pending_decision_target,
@@ -432,6 +439,7 @@ class RunFold:
             stop_reason=self.stop_reason,
             stopped_step_path=self.stopped_step_path,
             budget=self.budget,
+            forked_from=self.forked_from,
             steps=_frozen_steps(self.steps),
             visits=FrozenDict(self.visits),
             parallel_groups=FrozenDict(self.parallel_groups),
@@ -555,6 +563,11 @@ def apply(state: RunFold, event: Event) -> RunFold:
             state.status = "running"
             state.stop_reason = None
             state.stopped_step_path = None
+        case RunForked():
+            state.forked_from = event.origin
+        case WorkflowAdopted():
+            state.workflow_version = event.workflow_version
+            state.ir_hash = event.ir_hash
         case _:
             pass
     return state

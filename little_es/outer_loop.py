@@ -38,7 +38,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from little_es.domain import LoopCycle, OuterLoop
 from little_es.durability import RunRecorder, cancel_run, read_output
-from little_es.engine.local import run_workflow
+from little_es.engine.engines import LocalEngine, RunEngine
+from little_es.engine.executor import check_engine
 from little_es.errors import (
     ConcurrentRunError,
     InvalidRunIdError,
@@ -494,11 +495,13 @@ class _Driver:
         loop: OuterLoop,
         planner: Planner,
         workflow: Workflow,
+        engine: RunEngine,
     ) -> None:
         self.world = world
         self.loop = loop
         self.planner = planner
         self.workflow = workflow
+        self.engine = engine
         started = loop.started
         assert started is not None
         self.started = started
@@ -598,11 +601,13 @@ class _Driver:
                 context = _context(self.world, self.loop, cycle.number)
                 given = {"prompt": self.planner.render(context), "context": context.to_json()}
             try:
-                result = await run_workflow(self.world, self.planner.workflow, given, run_id=run_id)
+                output = await self.engine.run(
+                    self.world, self.planner.workflow, given, run_id=run_id
+                )
             except RunFailedError:
                 status = "failed"
             else:
-                status, output = "completed", result.output
+                status = "completed"
         if status == "failed":
             self.loop.trigger(
                 OuterLoopCycleCompleted, cycle=cycle.number, run_id=run_id, status="failed"
@@ -626,7 +631,7 @@ class _Driver:
             decision_output = _run_fold_status(self.world, cycle.started.planner_run_id)[1]
             decision = PlannerDecision.model_validate(decision_output)
             try:
-                await run_workflow(
+                await self.engine.run(
                     self.world,
                     self.workflow,
                     decision.input if status is None else None,
@@ -775,6 +780,7 @@ async def run_outer_loop(
     budget_usd: float | Decimal | None = None,
     input: Mapping[str, Any] | None = None,
     on_cycle_failure: Literal["stop", "continue"] | None = None,
+    engine: RunEngine | None = None,
 ) -> OuterLoopResult:
     """Run the outer loop ``outer_loop_id`` to its end, or resume it where its log stops.
 
@@ -796,8 +802,25 @@ async def run_outer_loop(
     Raises :class:`~little_es.errors.ConcurrentRunError` when another process
     drives the loop; errors of the cycles' runs that stop them (integrity
     refusals, cancels, budgets of a run) propagate, and a resume continues.
+
+    ``engine`` runs each cycle's planner run and cycle run: :class:`LocalEngine`
+    (the default, in this process) or ``little_es_temporal.TemporalEngine``
+    (each a Temporal workflow whose id is the run id). The loop itself, its
+    aggregate and its manifest view stay with the caller, so a loop started on
+    one engine resumes on the other. A planner or workflow with a step or tool
+    that the engine lacks is refused before anything is recorded
+    (:class:`~little_es.errors.EngineUnsupportedError`).
     """
     _check_request(planner, workflow, max_cycles, budget_usd, input, on_cycle_failure)
+    if engine is None:
+        engine = LocalEngine()
+    elif not isinstance(engine, RunEngine):
+        raise OuterLoopRequestError(
+            f"engine must be a little_es RunEngine (LocalEngine(), or"
+            f" little_es_temporal.TemporalEngine(client, ...)), got {type(engine).__name__}"
+        )
+    check_engine(planner.workflow, engine.name)
+    check_engine(workflow, engine.name)
     loop_id = validate_outer_loop_id(outer_loop_id)
     budget = None if budget_usd is None else Decimal(str(budget_usd))
     with contextlib.ExitStack() as held:
@@ -809,7 +832,7 @@ async def run_outer_loop(
                 " without running anything; wait for it to finish (or kill it) and resume again"
             ) from exc
         loop, resumed = _open(world, loop_id, workflow, max_cycles, budget, input, on_cycle_failure)
-        driver = _Driver(world, loop, planner, workflow)
+        driver = _Driver(world, loop, planner, workflow, engine)
         if resumed:
             driver.check_view()
         else:
@@ -842,6 +865,7 @@ def run_outer_loop_sync(
     budget_usd: float | Decimal | None = None,
     input: Mapping[str, Any] | None = None,
     on_cycle_failure: Literal["stop", "continue"] | None = None,
+    engine: RunEngine | None = None,
 ) -> OuterLoopResult:
     """:func:`run_outer_loop` for code that is not async (it runs its own event loop)."""
     return asyncio.run(
@@ -854,5 +878,6 @@ def run_outer_loop_sync(
             budget_usd=budget_usd,
             input=input,
             on_cycle_failure=on_cycle_failure,
+            engine=engine,
         )
     )

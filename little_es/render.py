@@ -37,9 +37,11 @@ from typing import Any
 
 import orjson
 from rich import box
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions, ConsoleOptions
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
+from rich.segment import Segments
 from rich.table import Table
 from rich.tree import Tree
 
@@ -70,6 +72,7 @@ __all__ = [
     "budget_text",
     "cost_text",
     "decision_text",
+    "fork_text",
     "progress_bar",
     "render_diff",
     "render_events",
@@ -145,6 +148,35 @@ def _run_title(run_id: str, state: MaterializedRunState) -> str:
     )
 
 
+def fork_text(state: MaterializedRunState) -> str:
+    """Where a fork comes from, in one line (plain text): its origin, fork point, what it
+    re-uses and the pinned position of the copied prefix; ``""`` for a run that is no fork."""
+    origin = state.forked_from
+    if origin is None:
+        return ""
+    # The steps are in the order the log first names them: the prefix's come before the
+    # fork point's.
+    kept: list[str] = []
+    for path, step in state.steps.items():
+        if path == origin.step_path:
+            break
+        if step.status == "completed" and "/" not in path:
+            kept.append(path)
+    parts = [", ".join(kept)] if kept else []
+    if origin.turn is not None and origin.turn > 1:
+        turns = "turn 1" if origin.turn == 2 else f"turns 1-{origin.turn - 1}"
+        parts.append(f"{origin.step_path} {turns}")
+    kept_text = "; ".join(parts) or "nothing"
+    session_events = sum(s.copied_events for s in origin.sessions)
+    digest = f", digest {origin.origin_digest[:12]}" if origin.origin_digest else ""
+    changed = " · with a new input" if origin.input_changed else ""
+    return (
+        f"forked from {origin.origin_run_id} at {origin.at}{changed} · re-uses {kept_text}"
+        f" · copied {origin.copied_events} run events (origin version"
+        f" {origin.origin_version}{digest}) and {session_events} session events"
+    )
+
+
 def render_report(world: World, run_id: str, console: Console) -> MaterializedRunState:
     """Print the per-step token and cost table of ``run_id`` to ``console``; return the state.
 
@@ -186,6 +218,8 @@ def render_report(world: World, run_id: str, console: Console) -> MaterializedRu
         style="bold",
     )
     console.print(table)
+    if state.forked_from is not None:
+        console.print(escape(fork_text(state)))
     if state.budget is not None:
         console.print(f"budget (with sub-runs): {escape(budget_text(state.budget))}")
     if state.status == "cancelled":
@@ -366,41 +400,100 @@ def _when(t: datetime | None) -> str:
     return "" if t is None else t.strftime("%Y-%m-%d %H:%M:%S")
 
 
+def _took(run: RunSummary) -> str:
+    """How long the run has taken so far: from its first event to its last."""
+    if run.started_at is None or run.updated_at is None:
+        return ""
+    seconds = max(0.0, (run.updated_at - run.started_at).total_seconds())
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
 def _run_row(run: RunSummary) -> tuple[str, ...]:
     u = run.usage
     return (
         escape(run.run_id)
-        + (f" [dim](sub-run of {escape(run.parent_run_id)})[/]" if run.parent_run_id else ""),
+        + (f"\n[dim]sub-run of {escape(run.parent_run_id)}[/]" if run.parent_run_id else ""),
         escape(f"{run.workflow_id or '?'} v{run.workflow_version or '?'}"),
         status_text(run.status),
         f"{run.steps_completed}/{run.steps}",
         _when(run.started_at),
-        _when(run.updated_at),
+        _took(run),
         f"{u.input_tokens:,}/{u.output_tokens:,}",
         cost_text(u),
     )
 
 
+_RUN_COLUMNS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("run", {"no_wrap": True}),
+    ("workflow", {"no_wrap": True}),
+    ("status", {"no_wrap": True}),
+    ("steps", {"justify": "right", "no_wrap": True}),
+    ("started", {"no_wrap": True}),
+    ("took", {"justify": "right", "no_wrap": True}),
+    ("tokens in/out", {"justify": "right", "no_wrap": True}),
+    ("cost (USD)", {"justify": "right", "no_wrap": True}),
+)
+_UNBOUNDED = ConsoleOptions(
+    size=ConsoleDimensions(10_000, 25),
+    legacy_windows=False,
+    min_width=1,
+    max_width=10_000,
+    is_terminal=False,
+    encoding="utf-8",
+    max_height=25,
+)
+"""Options to measure a table's natural width with (a console's own are capped at its width)."""
+# Given up, in this order, when the table is wider than the terminal.
+_RUN_COLUMNS_TO_DROP = ("started", "tokens in/out", "took", "workflow")
+
+
 def render_runs(runs: Sequence[RunSummary], world_name: str, console: Console) -> None:
     """Print the runs of the world ``world_name`` (status, steps, times, tokens, cost).
 
-    Prints one line saying so when there are none.
+    Prints one line saying so when there are none. A run id is never wrapped or cut,
+    so it can be copied into the next command: on a narrow terminal whole columns
+    are left out instead (started, tokens, took, workflow, in that order), and
+    the rest is printed wider than the terminal if even that does not fit.
     """
     if not runs:
         console.print(f"no runs in world {escape(world_name)}")
         return
+    rows = [_run_row(run) for run in runs]
+    shown = [name for name, _ in _RUN_COLUMNS]
+    table = _runs_table(world_name, rows, shown)
+    for name in _RUN_COLUMNS_TO_DROP:
+        if _natural_width(console, table) <= console.width:
+            break
+        shown.remove(name)
+        table = _runs_table(world_name, rows, shown)
+    # Still too wide: printed wider than the terminal rather than cutting a run id.
+    width = _natural_width(console, table)
+    if width <= console.width:
+        console.print(table)
+    else:
+        lines = console.render(table, console.options.update_width(width))
+        console.print(Segments(lines), crop=False, soft_wrap=True)
+
+
+def _natural_width(console: Console, table: Table) -> int:
+    return Measurement.get(console, _UNBOUNDED, table).maximum
+
+
+def _runs_table(world_name: str, rows: list[tuple[str, ...]], shown: list[str]) -> Table:
     table = Table(title=f"runs in {escape(world_name)}", box=box.SIMPLE_HEAD)
-    table.add_column("run", overflow="fold")
-    table.add_column("workflow", overflow="fold")
-    table.add_column("status", no_wrap=True)
-    table.add_column("steps", justify="right", no_wrap=True)
-    table.add_column("started", no_wrap=True)
-    table.add_column("updated", no_wrap=True)
-    table.add_column("tokens in/out", justify="right", no_wrap=True)
-    table.add_column("cost (USD)", justify="right", no_wrap=True)
-    for run in runs:
-        table.add_row(*_run_row(run))
-    console.print(table)
+    keep = [i for i, (name, _) in enumerate(_RUN_COLUMNS) if name in shown]
+    for i in keep:
+        name, options = _RUN_COLUMNS[i]
+        table.add_column(name, **options)
+    for row in rows:
+        table.add_row(*(row[i] for i in keep))
+    return table
 
 
 def render_verify(report: VerifyReport, console: Console) -> None:
@@ -635,14 +728,23 @@ class StepBoard:
                 if status == "running":
                     self.rows[path] = ("cancelled", (event.reason or "")[:60])
 
+    def recorded(self, events: Sequence[Event]) -> None:
+        """Show what a run's log already holds, before this process drives it on: the
+        steps it committed are marked ``recorded`` (they will not run again)."""
+        for event in events:
+            self.observe(event)
+        for path, (status, note) in self.rows.items():
+            self.rows[path] = (status, "recorded" if status == "completed" else note)
+
     def render(self) -> Table:
         """The table as it stands: one row per step seen so far."""
         table = Table(show_header=True, header_style="bold")
         table.add_column("step")
         table.add_column("status")
-        table.add_column("")
+        table.add_column("note")
         for path, (status, note) in self.rows.items():
-            table.add_row(path, status_text(status), note)
+            # A branch's path holds its key in brackets, which rich would take for markup.
+            table.add_row(escape(path), status_text(status), escape(note))
         return table
 
 

@@ -13,19 +13,20 @@ to find which streams a refusal came from.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict
 
 from little_es.aggregates import is_domain_topic
-from little_es.chain import check_rows
+from little_es.chain import check_rows, is_framed, row_digest
 from little_es.codec import PydanticMapper
 from little_es.errors import ArtifactError, EventLogError, RunNotFoundError
 from little_es.events import (
     Event,
     ModelPriceSet,
     OuterLoopStarted,
+    RunForked,
     RunStarted,
     SessionStarted,
     StepStarted,
@@ -94,17 +95,26 @@ class VerifyReport(BaseModel):
         )
 
 
-def verify_world(world: World, run_id: str | None = None) -> VerifyReport:
+def verify_world(
+    world: World,
+    run_id: str | None = None,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+) -> VerifyReport:
     """Check one run (with its sessions and sub-runs) or, without ``run_id``, the whole world.
 
     Raises :class:`~little_es.errors.RunNotFoundError` when ``run_id`` has no
     stream and no head in the world; every other finding is in the report.
+    ``progress``, when given, is called with (streams checked, streams to check)
+    as a whole-world check goes (``little verify --all`` shows it as a bar).
     """
     if not isinstance(world, World):
         raise TypeError(
             f"verify_world needs a World (from open_world()), got {type(world).__name__}"
         )
-    checker = _Checker(world)
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress must be a callable(done, total), got {progress!r}")
+    checker = _Checker(world, progress)
     if run_id is None:
         checker.check_all()
     else:
@@ -124,8 +134,9 @@ def verify_world(world: World, run_id: str | None = None) -> VerifyReport:
 
 
 class _Checker:
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: World, progress: Callable[[int, int], None] | None) -> None:
         self.world = world
+        self.progress = progress
         self.streams: dict[UUID, StreamCheck] = {}
         self.artifacts: dict[tuple[str, str, str], ArtifactCheck] = {}
 
@@ -133,11 +144,16 @@ class _Checker:
         in_log = dict.fromkeys(_streams_in_log(self.world))
         # A head without rows is a stream deleted whole: check those too.
         headed = [s for s in self.world.backend.stream_heads() if s not in in_log]
-        for stream_id in [*in_log, *headed]:
+        every = [*in_log, *headed]
+        for done, stream_id in enumerate(every, start=1):
             self.check_stream(stream_id, owner=None)
+            if self.progress is not None:
+                self.progress(done, len(every))
 
     def check_run(self, run_id: str) -> None:
         events = self.check_stream(run_stream_id(run_id), owner=run_id)
+        if events and isinstance(events[0], RunForked):
+            self._check_fork(events[0])
         for event in events:
             if isinstance(event, StepStarted) and event.session_id is not None:
                 self.check_stream(event.session_id, owner=run_id)
@@ -146,6 +162,39 @@ class _Checker:
                 self.world, run_stream_id(event.sub_run_id)
             ):
                 self.check_run(event.sub_run_id)
+
+    def _check_fork(self, forked: RunForked) -> None:
+        """A fork's copied prefix is still the origin's history: the origin's rows it was
+        copied from carry the digests ``RunForked`` pinned (an origin since edited, or
+        replaced, no longer does). An origin that is not in this world is not checked."""
+        origin = forked.origin
+        pinned = [
+            (run_stream_id(origin.origin_run_id), origin.origin_version, origin.origin_digest)
+        ]
+        pinned += [
+            (s.origin_session_id, s.origin_version, s.origin_digest) for s in origin.sessions
+        ]
+        if not _exists(self.world, pinned[0][0]):
+            return
+        problems = []
+        for stream_id, version, expected in pinned:
+            rows = self.world.backend.select_rows(stream_id, None)
+            found = rows[version - 1][2] if len(rows) >= version else None
+            actual = row_digest(found).hex() if found is not None and is_framed(found) else ""
+            if found is None or (expected and actual != expected):
+                problems.append(
+                    f"origin stream {stream_id} version {version} is not the row the fork"
+                    f" copied (digest {expected[:12] or '-'}, now {actual[:12] or 'missing'})"
+                )
+        if problems:
+            own = run_stream_id(forked.run_id)
+            check = self.streams[own]
+            self.streams[own] = check.model_copy(
+                update={
+                    "problem": f"a fork of {origin.origin_run_id!r} at {origin.at!r} whose"
+                    " origin no longer holds the history it copied: " + "; ".join(problems)
+                }
+            )
 
     def check_stream(self, stream_id: UUID, *, owner: str | None) -> list[Event]:
         """Read one stream as the runtime would; record what holds. Returns its events."""
@@ -160,7 +209,7 @@ class _Checker:
             events = self.world.read_stream(stream_id)
             # Beyond what a read checks: every row's own digest and link, frames included.
             check_rows(stream_id, self.world.backend.select_rows(stream_id, None))
-            if events and isinstance(events[0], RunStarted):
+            if events and isinstance(events[0], RunStarted | RunForked):
                 # Loaded as a resume loads it, so its latest snapshot is checked too.
                 self.world.load_run(events[0].run_id)
         except EventLogError as exc:
@@ -263,7 +312,7 @@ def _streams_in_log(world: World) -> Iterator[UUID]:
 
 def _identify(stream_id: UUID, events: list[Event]) -> tuple[str, str]:
     first = events[0] if events else None
-    if isinstance(first, RunStarted):
+    if isinstance(first, RunStarted | RunForked):
         return "run", first.run_id
     if isinstance(first, SessionStarted):
         return "session", f"{first.run_id}/{first.step_path}#{first.attempt}"
@@ -278,7 +327,7 @@ def _identify(stream_id: UUID, events: list[Event]) -> tuple[str, str]:
 
 def _run_of(events: list[Event]) -> str | None:
     first = events[0] if events else None
-    if isinstance(first, RunStarted | SessionStarted):
+    if isinstance(first, RunStarted | RunForked | SessionStarted):
         return first.run_id
     return None
 

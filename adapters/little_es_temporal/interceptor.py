@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -67,7 +68,7 @@ __all__ = ["LittleInterceptor", "StepBusyError", "run_step_durably"]
 
 _log = get_logger()
 
-_STEP_KINDS = ("task", "agent", "decision")
+_STEP_KINDS = ("task", "agent", "decision", "subworkflow")
 
 
 class StepBusyError(ConcurrentRunError):
@@ -195,10 +196,8 @@ async def _run_step(
             if isinstance(begun, Committed):
                 return done_from_fold(begun.step, executed=False)
             step = begun.step
-            if isinstance(step, SubworkflowStep) or begun.ctx is None:
-                raise TemporalAdapterError(
-                    f"step {begun.step_path!r} is a subworkflow step; it runs as a child workflow"
-                )
+            if begun.ctx is None:
+                raise TemporalAdapterError(f"step {begun.step_path!r} was not started")
             if begun.in_flight:
                 _log.info(
                     "step continues after a crash",
@@ -207,11 +206,25 @@ async def _run_step(
                     attempt=begun.attempt,
                     temporal_attempt=activity.info().attempt,
                 )
-            host = TemporalSubRunHost(activities, step_input.hosted)
+            hosted = step_input.hosted
+            if step_input.hosted_attempt not in (None, begun.attempt):
+                # A later attempt than the one its sub-runs just ran for: they run again.
+                hosted = ()
+            host = TemporalSubRunHost(activities, hosted)
             executor.host = host
-            token = CURRENT_STEP.set(StepCall(activities.world, step, begun.ctx))
+            # A subworkflow step's work is the executor's: reserve the sub-run, host it.
+            code = (
+                functools.partial(executor.execute, begun)
+                if isinstance(step, SubworkflowStep)
+                else body
+            )
+            token = CURRENT_STEP.set(
+                None
+                if isinstance(step, SubworkflowStep)
+                else StepCall(activities.world, step, begun.ctx)
+            )
             try:
-                outcome = await executor.attempt(begun, body)
+                outcome = await executor.attempt(begun, code)
             except StepSuspendedError as suspended:
                 # Sub-runs to host as child workflows; the attempt stays in flight.
                 starts = tuple(

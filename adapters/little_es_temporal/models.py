@@ -158,12 +158,16 @@ class StepInput(_Frozen):
     """Names one step execution of a run (the workflow and the step follow from the log).
 
     ``hosted``: the sub-runs whose child workflows the workflow just waited
-    for, at the step's request (a failure of one of them is the step's to see).
+    for, at the step's request (a failure of one of them is the step's to see),
+    for its attempt ``hosted_attempt`` (None: any). A later attempt (Temporal
+    retrying the activity after a recorded failure) hosts them again: a
+    subworkflow step's sub-run id is the same on every attempt.
     """
 
     run_id: str
     step_path: str
     hosted: tuple[str, ...] = ()
+    hosted_attempt: int | None = None
 
 
 class SubRunStart(_Frozen):

@@ -18,8 +18,12 @@ activities to do everything that touches the world:
   ``start_workflow`` calls, through the executor's sub-run host) has those
   sub-runs run as child workflows (ids = the reserved sub-run ids), then the
   same step attempt runs again and reads their results from their logs;
-* a subworkflow step is ``begin_subworkflow`` (which reserves the sub-run id),
-  a child workflow whose id is that sub-run id, then ``finish_subworkflow``;
+* a subworkflow step is a ``run_step`` activity too, through the same sub-run
+  host: its first attempt reserves the sub-run id and suspends, the child
+  workflow (id = that sub-run id) runs, and the attempt runs again to record
+  the child's result (histories from before this, marked by the absence of
+  :data:`SUBWORKFLOW_PATCH`, replay the older ``begin_subworkflow`` /
+  ``finish_subworkflow`` path);
 * ``complete_run`` / ``fail_run`` end the run.
 
 Workflow code must stay deterministic: this module does no I/O, reads no
@@ -72,7 +76,13 @@ with workflow.unsafe.imports_passed_through():
         SubRunStart,
     )
 
-__all__ = ["SUB_RUNS_PATCH", "WORKFLOW_TYPE", "LittleRunWorkflow", "step_retry_policy"]
+__all__ = [
+    "SUBWORKFLOW_PATCH",
+    "SUB_RUNS_PATCH",
+    "WORKFLOW_TYPE",
+    "LittleRunWorkflow",
+    "step_retry_policy",
+]
 
 WORKFLOW_TYPE = "little_es.Run"
 """The Temporal workflow type name of :class:`LittleRunWorkflow`."""
@@ -111,6 +121,9 @@ def step_retry_policy(policy: RetryPolicy) -> TemporalRetryPolicy:
 
 SUB_RUNS_PATCH = "little_es.step-hosted-sub-runs"
 """The patch id of child workflows a step activity asks for (orchestrator sub-runs)."""
+
+SUBWORKFLOW_PATCH = "little_es.hosted-subworkflow-steps"
+"""The patch id of subworkflow steps run as a step activity through the sub-run host."""
 
 _CHILD_FIELDS = {"workflow_id", "workflow_version", "ir_hash", "input", "input_ref"}
 """What a child run's :class:`RunInput` takes from the :class:`SubRunPlan` as it is."""
@@ -213,11 +226,14 @@ class LittleRunWorkflow:
         return await self._leaf(step, path)
 
     async def _leaf(self, step: StepIR, path: str) -> StepDone:
-        if step.kind == "subworkflow":
+        # A subworkflow step goes the way of an orchestrator's sub-runs, through the
+        # step executor's sub-run host; histories from before that replay the old path.
+        if step.kind == "subworkflow" and not workflow.patched(SUBWORKFLOW_PATCH):
             return await self._subworkflow(step, path)
         hosted: tuple[str, ...] = ()
+        hosted_attempt: int | None = None
         while True:
-            done = await self._run_step(step, path, hosted)
+            done = await self._run_step(step, path, hosted, hosted_attempt)
             if not done.suspended:
                 return done
             # The step waits for sub-runs (an orchestrator's start_workflow calls):
@@ -226,13 +242,21 @@ class LittleRunWorkflow:
             workflow.patched(SUB_RUNS_PATCH)
             await self._host(done.suspended)
             hosted = tuple(start.run_id for start in done.suspended)
+            hosted_attempt = done.attempt
 
-    async def _run_step(self, step: StepIR, path: str, hosted: tuple[str, ...]) -> StepDone:
+    async def _run_step(
+        self, step: StepIR, path: str, hosted: tuple[str, ...], hosted_attempt: int | None
+    ) -> StepDone:
         heartbeat = self._timeouts.heartbeat
         try:
             done: StepDone = await workflow.execute_activity(
                 RUN_STEP,
-                StepInput(run_id=self._run_id, step_path=path, hosted=hosted),
+                StepInput(
+                    run_id=self._run_id,
+                    step_path=path,
+                    hosted=hosted,
+                    hosted_attempt=hosted_attempt,
+                ),
                 result_type=StepDone,
                 start_to_close_timeout=(
                     self._timeouts.agent_start_to_close

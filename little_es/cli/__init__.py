@@ -10,6 +10,8 @@ plugins' in :func:`_register_plugins`:
   (:mod:`little_es.cli.operate`);
 * ``little export | import`` - move a world to another backend as JSONL
   (:mod:`little_es.cli.transfer`);
+* ``little fork`` - a new run from a point of another run's history
+  (:mod:`little_es.cli.fork`);
 * ``little unlock`` - who holds a run's lease; ``--force`` takes it from a
   stuck holder (:mod:`little_es.cli.unlock`);
 * ``little ui`` - a local, read-only web page of the world's runs (the ``ui`` extra,
@@ -46,7 +48,7 @@ from eventsourcing.persistence import PersistenceError
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from little_es.cli import inspection, operate, prices, run, transfer, ui, unlock
+from little_es.cli import fork, inspection, operate, prices, run, transfer, ui, unlock
 from little_es.errors import LittleEsError
 
 __all__ = ["OPTIONAL_COMMANDS", "PLUGIN_GROUP", "app"]
@@ -166,6 +168,7 @@ def _register(app: typer.Typer) -> None:
     app.command("resume")(run.resume_command)
     app.command("cancel")(operate.cancel_command)
     app.command("diff")(operate.diff_command)
+    app.command("fork")(fork.fork_command)
     app.command("unlock")(unlock.unlock_command)
     app.command("ui")(ui.ui_command)
     app.add_typer(prices.prices_app, name="prices")

@@ -27,6 +27,7 @@ from little_es.cli.common import (
     WorldOption,
     console,
     inspection_world,
+    progress_bar,
 )
 from little_es.events import Event
 from little_es.outer_loop import encode_view, load_outer_loop, loop_view
@@ -193,7 +194,11 @@ def verify_command(
     if (run_id is None) == (not all_streams):
         raise typer.BadParameter("give a RUN_ID or --all (not both)")
     with inspection_world(world) as w:
-        report = verify_world(w, run_id)
+        if run_id is None:
+            with progress_bar("verifying streams") as advance:
+                report = verify_world(w, progress=advance)
+        else:
+            report = verify_world(w, run_id)
     render_verify(report, console())
     if not report.ok:
         raise typer.Exit(1)

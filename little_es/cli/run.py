@@ -88,25 +88,33 @@ def _drive(
     world = open_world(world_url)
     try:
         # `resume` of a mistyped id must not start a new run under it.
-        if must_exist and run_id is not None and not world.run_exists(run_id):
+        if run_id is not None and world.run_exists(run_id):
+            board.recorded(world.read_run_log(run_id))
+        elif must_exist and run_id is not None:
             raise RunNotFoundError(run_id, world.name)
-        with Live(board.render(), console=console, refresh_per_second=8) as live:
+        live = Live(board.render(), console=console, refresh_per_second=8)
+        try:
+            with live:
 
-            def observe(event: Event) -> None:
-                board.observe(event)
-                live.update(board.render())
+                def observe(event: Event) -> None:
+                    board.observe(event)
+                    live.update(board.render())
 
-            result = asyncio.run(
-                run_workflow(
-                    world,
-                    workflow,
-                    input,
-                    run_id=run_id,
-                    observer=observe,
-                    budget=budget,
-                    resume_cancelled=resume_cancelled,
+                result = asyncio.run(
+                    run_workflow(
+                        world,
+                        workflow,
+                        input,
+                        run_id=run_id,
+                        observer=observe,
+                        budget=budget,
+                        resume_cancelled=resume_cancelled,
+                    )
                 )
-            )
+        finally:
+            if not console.is_terminal:
+                # rich's Live ends its last frame without a newline when not on a terminal.
+                console.line()
     except RunStoppedError as exc:
         # Stopped on purpose (cancelled, out of budget): resumable, not a failure.
         console.print(f"[yellow]stopped[/]: {escape(str(exc))}")

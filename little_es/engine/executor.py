@@ -73,6 +73,7 @@ from little_es.durability import (
 )
 from little_es.engine.integrity import (
     assert_completed_parallel_replay_matches_input,
+    fork_adopts,
     run_restart_checks,
 )
 from little_es.engine.walk import branch_path
@@ -253,6 +254,10 @@ async def execute_step(world: World, step: CodeStep, ctx: StepContext) -> Any:
             if isinstance(step.prompt, str)
             else await call_maybe_async(step.prompt, ctx)
         )
+        if step.runner is not None:
+            # An integration's agent (e.g. Pydantic AI's) drives the session itself; it
+            # records on the same HarnessSession stream, so resume and replay are the same.
+            return await step.runner(world, ctx, prompt)
         outcome = await run_agent_session(
             world,
             run_id=ctx.run_id,
@@ -302,12 +307,16 @@ def open_run(
     it differs from the run's. The caller holds the run's lease.
     """
     if existing is not None:
-        run_restart_checks(world, run_id, existing.fold, workflow, input)
+        adopting = fork_adopts(world, run_id, existing.fold, existing.run.version, workflow)
+        run_restart_checks(world, run_id, existing.fold, workflow, input, adopting=adopting)
         fold = existing.fold
         if fold.status == "completed":
             return existing
         if fold.status == "cancelled" and not resume_cancelled:
             raise RunCancelledError(run_id, fold.stop_reason, resuming=True)
+        if adopting:
+            # A fork runs changed code after its fork point: recorded before anything runs.
+            existing.workflow_adopted(workflow_version=workflow.version, ir_hash=workflow.ir_hash)
         if budget is not None and budget != fold.budget:
             existing.budget_set(budget)
         if fold.status in ("cancelled", "budget_exceeded"):

@@ -18,14 +18,18 @@ from typing import Any
 import orjson
 
 from little_es.durability import INPUT_PATH
+from little_es.engine.walk import Walk
 from little_es.errors import (
     ArtifactError,
     ArtifactMismatchError,
     ParallelReplayMismatchError,
     RunInputMismatchError,
+    VisitLimitError,
     WorkflowChangedError,
 )
+from little_es.events import BudgetSet, RunCancelled, RunResumed
 from little_es.harness.manifest import check_manifest, compute_manifest, read_session_started
+from little_es.ids import run_stream_id
 from little_es.materialize import RunFold
 from little_es.values import ArtifactRef
 from little_es.workflow.authoring import AgentStep, Workflow
@@ -34,9 +38,11 @@ from little_es.world import World
 __all__ = [
     "assert_completed_parallel_replay_matches_input",
     "assert_completed_step_artifacts_valid",
+    "assert_fork_prefix_matches",
     "assert_harness_manifest_consistent",
     "assert_run_input_unchanged",
     "assert_workflow_unchanged",
+    "fork_adopts",
     "run_restart_checks",
 ]
 
@@ -181,12 +187,96 @@ def assert_completed_parallel_replay_matches_input(
         )
 
 
+_NOTHING_RAN = (RunCancelled, RunResumed, BudgetSet)
+"""What may follow a fork's prefix before it adopts another definition: nothing that ran."""
+
+
+def fork_adopts(world: World, run_id: str, fold: RunFold, version: int, workflow: Workflow) -> bool:
+    """Whether the fork ``fold`` describes takes ``workflow`` although its origin ran another
+    definition: a fork may run changed code after its fork point, once, before it ran
+    anything (its ``Run`` stream at ``version`` holds the prefix alone, or with only a
+    cancel, a resume or a budget after it, and its copied sessions the copies alone).
+    The prefix is then checked against ``workflow`` (:func:`assert_fork_prefix_matches`)
+    instead of the IR hash, and the engine records ``WorkflowAdopted``; from there on
+    the fork is pinned to it as any run is."""
+    origin = fold.forked_from
+    if origin is None or fold.workflow_id != workflow.id or fold.ir_hash == workflow.ir_hash:
+        return False
+    prefix = origin.copied_events + 1
+    if version != prefix and not all(
+        isinstance(e, _NOTHING_RAN) for e in world.read_stream(run_stream_id(run_id), after=prefix)
+    ):
+        return False
+    for copied in origin.sessions:
+        session = world.load_session(copied.session_id)
+        if session is None or session.version != copied.copied_events:
+            return False
+    return True
+
+
+def assert_fork_prefix_matches(run_id: str, fold: RunFold, workflow: Workflow) -> None:
+    """A fork's copied prefix is what ``workflow`` walks to its fork point.
+
+    The walk of ``workflow`` over the recorded outputs and decisions must visit
+    every completed step of the prefix, each of the same kind, and reach the fork
+    point as its first step that did not complete: a definition that changed
+    only after the fork point. (An agent step of the prefix is also held to
+    its recorded manifest, by :func:`assert_harness_manifest_consistent`.)
+    Raises :class:`~little_es.errors.WorkflowChangedError` naming the first
+    difference.
+    """
+    origin = fold.forked_from
+    assert origin is not None
+    where = (
+        f"run {run_id!r} is a fork of {origin.origin_run_id!r} at {origin.at!r}, and workflow"
+        f" {workflow.id!r} as given"
+    )
+    fix = "change only the steps from the fork point on, or fork the origin at an earlier step"
+    walk = Walk(workflow.ir, run_id)
+    seen: set[str] = set()
+    try:
+        visit = walk.first()
+        while visit is not None:
+            step = fold.steps.get(visit.path)
+            if step is None or step.status != "completed":
+                break
+            if step.kind != visit.step.kind:
+                raise WorkflowChangedError(
+                    f"{where} has step {visit.path!r} as a {visit.step.kind} step, which the"
+                    f" copied prefix ran as a {step.kind} step: {fix}"
+                )
+            seen.add(visit.path)
+            visit = walk.after(visit, step.next_step if visit.step.kind == "decision" else None)
+    except VisitLimitError as exc:
+        raise WorkflowChangedError(
+            f"{where} does not walk the copied prefix ({exc}): {fix}"
+        ) from exc
+    reached = visit.path if visit is not None else None
+    if reached != origin.step_path:
+        first = f"step {reached!r}" if reached is not None else "nothing (its walk ends)"
+        raise WorkflowChangedError(
+            f"{where} would run {first} first, not the fork point {origin.step_path!r}: the"
+            f" workflow changed before the fork point; {fix}"
+        )
+    lost = [
+        path
+        for path, step in fold.steps.items()
+        if step.status == "completed" and "/" not in path and path not in seen
+    ]
+    if lost:
+        raise WorkflowChangedError(
+            f"{where} no longer walks the copied prefix's steps {lost} before the fork point: {fix}"
+        )
+
+
 def run_restart_checks(
     world: World,
     run_id: str,
     fold: RunFold,
     workflow: Workflow,
     input: Mapping[str, Any] | None,
+    *,
+    adopting: bool = False,
 ) -> None:
     """Every restart check, in the order both engines run them before resuming ``run_id``.
 
@@ -195,15 +285,20 @@ def run_restart_checks(
     The harness manifest check goes first, so that a changed agent is named
     precisely (the IR hash covers the same fields but can only say "changed").
     Parallel groups are checked as the walk reaches them, where their branch
-    set can be recomputed from the run's data.
+    set can be recomputed from the run's data. ``adopting`` (a fork that takes a
+    changed workflow, :func:`fork_adopts`): its prefix is checked against the
+    workflow's walk instead of the IR hash.
     """
     assert_harness_manifest_consistent(world, run_id, fold, workflow)
-    assert_workflow_unchanged(
-        run_id,
-        fold,
-        workflow_id=workflow.id,
-        workflow_version=workflow.version,
-        ir_hash=workflow.ir_hash,
-    )
+    if adopting:
+        assert_fork_prefix_matches(run_id, fold, workflow)
+    else:
+        assert_workflow_unchanged(
+            run_id,
+            fold,
+            workflow_id=workflow.id,
+            workflow_version=workflow.version,
+            ir_hash=workflow.ir_hash,
+        )
     assert_run_input_unchanged(world, run_id, fold, input)
     assert_completed_step_artifacts_valid(world, run_id, fold)

@@ -397,6 +397,15 @@ def run_body(page: RunPage) -> str:
                 f'<a href="{esc(_run_href(s.parent_run_id))}">{esc(s.parent_run_id)}</a>',
             )
         )
+    if s.forked_from is not None:
+        origin = s.forked_from
+        facts.append(
+            (
+                "forked from",
+                f'<a href="{esc(_run_href(origin.origin_run_id))}">{esc(origin.origin_run_id)}'
+                f"</a> at {esc(origin.at)}",
+            )
+        )
     notes = ""
     if s.error is not None:
         at = f" in step {esc(s.failed_step_path)}" if s.failed_step_path else ""

@@ -30,7 +30,7 @@ import hashlib
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from pydantic import ValidationError
 
@@ -58,7 +58,11 @@ from little_es.workflow.ir import (
 )
 from little_es.workflow.paths import BRANCH_KEY_PATTERN, STEP_ID_PATTERN
 
+if TYPE_CHECKING:
+    from little_es.world import World
+
 __all__ = [
+    "AgentRunner",
     "AgentStep",
     "BranchSet",
     "BranchStep",
@@ -115,6 +119,21 @@ class TaskStep:
         return self.ir.id
 
 
+class AgentRunner(Protocol):
+    """Runs (or resumes) the harness session of one attempt of an agent step in place of the
+    built-in model/tool loop (an integration's own agent, e.g.
+    :mod:`little_es.contrib.pydantic_ai`).
+
+    It records every model call and tool call on the session of ``(ctx.run_id, ctx.step_path,
+    ctx.attempt)`` write-ahead, answers recorded calls from the log, and pins the same manifest
+    the step's ``model``/``tools``/``parameters`` give; it returns the step's output.
+    """
+
+    async def __call__(self, world: World, ctx: StepContext, prompt: str) -> Any:
+        """Run the attempt with the rendered ``prompt``; return the step's output."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class AgentStep:
     """A step that runs a harness session: ``model`` with ``tools``, prompted by ``prompt``.
@@ -133,6 +152,9 @@ class AgentStep:
     budget: Budget | None = None
     """The step's own budget (its model calls, every attempt), besides the run's. Not part of
     the IR or the session manifest: a resume may raise it."""
+    runner: AgentRunner | None = None
+    """Runs the session instead of the built-in loop (None: the built-in loop). Not part of
+    the IR: what it runs is pinned by ``model``, ``tools`` and ``parameters``."""
 
     @property
     def id(self) -> str:

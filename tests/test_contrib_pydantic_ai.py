@@ -1,0 +1,115 @@
+"""A Pydantic AI agent as a little_es step: real requests to a local chat-completions server
+through Pydantic AI's OpenAI provider, a child process SIGKILLed mid-run and resumed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from _pydantic_ai_support import ChatServer, main, start_server
+
+_SUPPORT = Path(__file__).with_name("_pydantic_ai_support.py")
+_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _child(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    full = {**os.environ, "PYTHONPATH": f"{_ROOT}{os.pathsep}{_ROOT / 'tests'}", **(env or {})}
+    return subprocess.Popen(
+        [sys.executable, str(_SUPPORT), *args],
+        env=full,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def _ledger(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _resume(tmp_path: Path, server: ChatServer, ledger: Path) -> dict[str, Any]:
+    proc = _child([str(tmp_path / "world"), server.base_url, str(ledger)])
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()
+    result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
+    return result
+
+
+def test_kill_while_the_second_request_is_in_flight(tmp_path: Path) -> None:
+    server = ChatServer(hold_turn=2)
+    httpd = start_server(server)
+    ledger = tmp_path / "ledger.jsonl"
+    try:
+        proc = _child([str(tmp_path / "world"), server.base_url, str(ledger)])
+        deadline = time.monotonic() + 60
+        while server.count(2) == 0:
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+            assert time.monotonic() < deadline, "the second request never arrived"
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        killed_pid = proc.pid
+        before = _ledger(ledger)
+        assert sorted(e["call"] for e in before) == ["c1", "c2"]
+        server.hold_turn = None
+        result = _resume(tmp_path, server, ledger)
+    finally:
+        server.release.set()
+        httpd.shutdown()
+        httpd.server_close()
+    # Turn 1 was answered from the log; only the in-flight turn 2 was sent again.
+    assert dict(server.requests) == {1: 1, 2: 2, 3: 1}
+    after = _ledger(ledger)
+    assert sorted(e["call"] for e in after) == ["c1", "c2", "c3"]
+    assert {e["pid"] for e in after if e["call"] in ("c1", "c2")} == {killed_pid}
+    assert result["status"] == "completed"
+    assert result["output"] == {"answer": 42, "summary": "alpha is 1, 40 + 2 = 42"}
+    # Usage of the three recorded responses (100/10 per turn number), in the run's totals.
+    assert (result["calls"], result["input_tokens"], result["output_tokens"]) == (3, 600, 60)
+
+
+def test_kill_after_a_tool_ran_re_runs_only_that_tool(tmp_path: Path) -> None:
+    server = ChatServer()
+    httpd = start_server(server)
+    ledger = tmp_path / "ledger.jsonl"
+    try:
+        proc = _child(
+            [str(tmp_path / "world"), server.base_url, str(ledger)],
+            {"LITTLE_ES_CRASH_BEFORE_EVENT": "harness.tool_call.succeeded:call_id=c3"},
+        )
+        proc.communicate(timeout=120)
+        assert proc.returncode == -signal.SIGKILL
+        assert [e["call"] for e in _ledger(ledger)].count("c3") == 1
+        result = _resume(tmp_path, server, ledger)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    # No model request re-sent; the tool in flight (c3) ran again, c1 and c2 did not.
+    assert dict(server.requests) == {1: 1, 2: 1, 3: 1}
+    calls = [e["call"] for e in _ledger(ledger)]
+    assert sorted(calls) == ["c1", "c2", "c3", "c3"]
+    assert result["output"]["answer"] == 42
+
+
+def test_output_and_usage_in_process(tmp_path: Path, capsys: Any) -> None:
+    server = ChatServer()
+    httpd = start_server(server)
+    try:
+        main([str(tmp_path / "world"), server.base_url, str(tmp_path / "ledger")])
+        # A second call of a completed run sends nothing.
+        main([str(tmp_path / "world"), server.base_url, str(tmp_path / "ledger")])
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    lines = capsys.readouterr().out.strip().splitlines()
+    first, second = (json.loads(line) for line in lines)
+    assert first == second
+    assert first["output"] == {"answer": 42, "summary": "alpha is 1, 40 + 2 = 42"}
+    assert dict(server.requests) == {1: 1, 2: 1, 3: 1}
