@@ -34,6 +34,10 @@ handle a family::
     ├── ArtifactError
     │   ├── ArtifactNotFoundError (LookupError)
     │   └── ArtifactIntegrityError
+    ├── ExportFormatError (ValueError)       not a whole, unchanged `little export` stream
+    │   ├── ExportTruncatedError             the stream ends before its trailer
+    │   └── ExportVersionError               a format version this little_es cannot read
+    ├── ImportConflictError                  the target world already holds an exported stream
     ├── WorkflowDefinitionError (ValueError) an invalid workflow definition
     │   ├── InvalidStepPathError
     │   ├── UnknownStepError (LookupError)
@@ -253,6 +257,28 @@ class ArtifactNotFoundError(ArtifactError, LookupError):
 
 class ArtifactIntegrityError(ArtifactError):
     """An artifact's stored bytes do not hash to the sha256 its reference records."""
+
+
+# ------------------------------------------------------ moving a world
+
+
+class ExportFormatError(LittleEsError, ValueError):
+    """A ``little export`` stream is malformed, or its lines were changed, added or moved.
+
+    The message names the line. Nothing was written to the target world.
+    """
+
+
+class ExportTruncatedError(ExportFormatError):
+    """A ``little export`` stream ends before its trailer (cut off in transit or on disk)."""
+
+
+class ExportVersionError(ExportFormatError):
+    """A ``little export`` stream in a format version this little_es does not read."""
+
+
+class ImportConflictError(LittleEsError):
+    """The target world already holds a stream the export carries; nothing was written."""
 
 
 # -------------------------------------------------- workflow definitions

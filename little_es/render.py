@@ -14,6 +14,8 @@ an example: each takes the data (or the world and a run id) and a
 * :func:`render_runs` - the runs of a world (``little runs``);
 * :func:`render_verify` - what :func:`~little_es.verify.verify_world` found
   (``little verify``);
+* :func:`render_transfer` - what ``little export`` wrote or ``little import`` appended;
+  :func:`progress_bar` - their progress, on stderr;
 * :func:`render_prices` - the prices recorded in a world (``little prices list``);
 * :func:`render_diff` - two runs side by side, step by step (``little diff``);
 * :func:`render_loops` - the outer loops of a world (``little loops``);
@@ -28,6 +30,7 @@ Statuses are coloured from one table, :data:`STATUS_STYLES`; costs are shown by
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from types import MappingProxyType
 from typing import Any
@@ -37,6 +40,7 @@ from rich import box
 from rich.console import Console, ConsoleDimensions, ConsoleOptions
 from rich.markup import escape
 from rich.measure import Measurement
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 from rich.segment import Segments
 from rich.table import Table
 from rich.tree import Tree
@@ -59,6 +63,7 @@ from little_es.materialize import MaterializedRunState, WaitState
 from little_es.orchestrator import RunTree, SubRunSummary, list_sub_runs, run_tree, sum_usage
 from little_es.outer_loop import cycle_cost, list_outer_loops, load_outer_loop, loop_totals
 from little_es.replay import ReplayResult, read_run_state
+from little_es.transfer import TransferCounts, TransferProgress
 from little_es.values import Budget, UsageTotals
 from little_es.verify import VerifyReport
 from little_es.world import World
@@ -70,6 +75,7 @@ __all__ = [
     "cost_text",
     "decision_text",
     "fork_text",
+    "progress_bar",
     "render_diff",
     "render_events",
     "render_loop_report",
@@ -79,6 +85,7 @@ __all__ = [
     "render_report",
     "render_runs",
     "render_sub_runs",
+    "render_transfer",
     "render_tree",
     "status_text",
 ]
@@ -536,6 +543,40 @@ def render_verify(report: VerifyReport, console: Console) -> None:
         console.print(f"[green]ok[/]: {checked}, every chain and artifact holds")
     else:
         console.print(f"[red]BROKEN[/]: {report.problems} of {checked} do not hold")
+
+
+@contextmanager
+def progress_bar(console: Console) -> Iterator[TransferProgress]:
+    """A progress bar on ``console`` while the block runs, fed by what it is told
+    (a :data:`~little_es.transfer.TransferProgress`); drawn only on a terminal."""
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=console,
+        transient=True,
+        disable=not console.is_terminal,
+    )
+    tasks: dict[str, TaskID] = {}
+
+    def tell(what: str, done: int, total: int) -> None:
+        task = tasks.get(what)
+        if task is None:
+            task = tasks[what] = bar.add_task(what, total=total)
+        bar.update(task, completed=done, total=total)
+
+    with bar:
+        yield tell
+
+
+def render_transfer(verb: str, counts: TransferCounts, world: str, console: Console) -> None:
+    """One line: what ``little export`` wrote or ``little import`` appended, and where."""
+    console.print(
+        f"{verb} {_count(counts.streams, 'stream')}, {_count(counts.events, 'event')},"
+        f" {_count(counts.snapshots, 'snapshot')}, {_count(counts.artifacts, 'artifact')}"
+        f" {'from' if verb == 'exported' else 'into'} {escape(world)}",
+        soft_wrap=True,
+    )
 
 
 def _count(n: int, noun: str) -> str:

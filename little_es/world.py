@@ -729,6 +729,50 @@ class World:
                 f"another writer appended to {ids} first; nothing was written: reload and retry"
             ) from exc
 
+    def insert_imported(
+        self,
+        stored: Sequence[StoredEvent],
+        heads: dict[UUID, Head],
+        snapshots: Sequence[StoredEvent] = (),
+    ) -> None:
+        """Append rows framed elsewhere (:mod:`little_es.transfer`), as stored, in one transaction.
+
+        The rows keep their ids, versions, timestamps and chain frames, and the
+        streams take ``heads``; the caller has verified every stream. Raises
+        :class:`ConcurrencyConflictError` (and appends nothing) when one of the
+        streams got a row meanwhile. ``snapshots`` (a cache of the fold) go in
+        after the rows. When the rows hold the world's own record, this world
+        becomes the world they recorded.
+        """
+        if not stored:
+            return
+        try:
+            self.app.recorder.insert_events(list(stored), durable=True, heads=heads)
+        except IntegrityError as exc:
+            raise ConcurrencyConflictError(
+                "another writer appended to one of the imported streams first; nothing was imported"
+            ) from exc
+        if snapshots and self.app.snapshots is not None:
+            self.app.snapshots.recorder.insert_events(list(snapshots))
+        if any(row.originator_id == world_stream_id() for row in stored):
+            self._unrecorded = False
+            self._legacy = self._open_record()
+            self._mapper.unframed_allowed = self._legacy
+
+    @property
+    def unframed_rows_allowed(self) -> bool:
+        """Whether rows without a chain frame may stand (a world created before the chain)."""
+        return self._legacy
+
+    @property
+    def recorded(self) -> bool:
+        """Whether the world has recorded itself (its first save did; opening writes nothing)."""
+        return not self._unrecorded
+
+    def verified_stream(self, stream_id: UUID) -> Verified:
+        """One whole stream's rows as stored, its chain and head verified, as every read does."""
+        return self._verified(stream_id)
+
     def _take_snapshots(self, batches: list[tuple[Aggregate | DomainStream, list[Any]]]) -> None:
         """Snapshot each aggregate whose save reached ``interval * 2**k`` events (see
         :data:`RUN_SNAPSHOT_INTERVAL`)."""

@@ -29,7 +29,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("workflow.authoring",),
     ("engine", "engine.*"),
     ("orchestrator", "outer_loop"),
-    ("replay", "projections", "verify", "diff"),
+    ("replay", "projections", "verify", "diff", "transfer"),
     ("render",),
     ("ui", "ui.*"),
     ("cli", "cli.*"),

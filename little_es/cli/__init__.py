@@ -8,6 +8,8 @@ plugins' in :func:`_register_plugins`:
 * ``little run | resume`` - drive a workflow (:mod:`little_es.cli.run`);
 * ``little cancel | diff`` - stop a run from outside; compare two runs
   (:mod:`little_es.cli.operate`);
+* ``little export | import`` - move a world to another backend as JSONL
+  (:mod:`little_es.cli.transfer`);
 * ``little fork`` - a new run from a point of another run's history
   (:mod:`little_es.cli.fork`);
 * ``little signal`` - send a waiting run its signal (:mod:`little_es.cli.signal`);
@@ -47,7 +49,7 @@ from eventsourcing.persistence import PersistenceError
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from little_es.cli import fork, inspection, operate, prices, run, signal, ui, unlock
+from little_es.cli import fork, inspection, operate, prices, run, signal, transfer, ui, unlock
 from little_es.errors import LittleEsError
 
 __all__ = ["OPTIONAL_COMMANDS", "PLUGIN_GROUP", "app"]
@@ -161,6 +163,8 @@ def _register(app: typer.Typer) -> None:
     app.command("runs")(inspection.runs_command)
     app.command("loops")(inspection.loops_command)
     app.command("verify")(inspection.verify_command)
+    app.command("export")(transfer.export_command)
+    app.command("import")(transfer.import_command)
     app.command("run")(run.run_command)
     app.command("resume")(run.resume_command)
     app.command("cancel")(operate.cancel_command)
