@@ -7,14 +7,13 @@ package :mod:`little_es.cli`, which imports them to register their commands.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from little_es.errors import WorldConfigError
 from little_es.world import DEFAULT_DATA_DIR, WORLD_ENV_VAR, World, open_world
@@ -25,7 +24,6 @@ __all__ = [
     "WorldOption",
     "console",
     "inspection_world",
-    "progress_bar",
 ]
 
 # Wide enough for the report table when output is not a terminal (a pipe, a test
@@ -89,28 +87,3 @@ def console() -> Console:
     if not out.is_terminal and "COLUMNS" not in os.environ:
         out = Console(highlight=False, width=_PIPE_WIDTH)
     return out
-
-
-@contextmanager
-def progress_bar(description: str) -> Iterator[Callable[[int, int], None]]:
-    """A progress bar on stderr, for long commands (stdout keeps their output only).
-
-    Yields ``advance(done, total)``; the bar disappears when the work is done, and
-    is not drawn at all when stderr is not a terminal.
-    """
-    err = Console(stderr=True)
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-        disable=not err.is_terminal,
-    ) as bar:
-        task = bar.add_task(description, total=None)
-
-        def advance(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
-
-        yield advance

@@ -20,6 +20,7 @@ from typing import Annotated, Any
 
 import orjson
 import typer
+from rich.console import Console
 
 from little_es.cli.common import (
     OptionalRunIdArgument,
@@ -27,12 +28,12 @@ from little_es.cli.common import (
     WorldOption,
     console,
     inspection_world,
-    progress_bar,
 )
 from little_es.events import Event
 from little_es.outer_loop import encode_view, load_outer_loop, loop_view
 from little_es.projections import list_runs, list_waits
 from little_es.render import (
+    progress_bar,
     render_events,
     render_loop_report,
     render_loops,
@@ -205,8 +206,10 @@ def verify_command(
         raise typer.BadParameter("give a RUN_ID or --all (not both)")
     with inspection_world(world) as w:
         if run_id is None:
-            with progress_bar("verifying streams") as advance:
-                report = verify_world(w, progress=advance)
+            with progress_bar(Console(stderr=True)) as tell:
+                report = verify_world(
+                    w, progress=lambda done, total: tell("verifying streams", done, total)
+                )
         else:
             report = verify_world(w, run_id)
     render_verify(report, console())
