@@ -5,19 +5,21 @@ Each concrete event class has a stable ``wire_name`` (``StepCompleted``,
 topic, shown by ``little events`` and exported; it does not depend on the
 Python module or class name, so code can be moved without rewriting history.
 
-Four kinds of stream (aggregates, see :mod:`little_es.domain`) carry these events:
+Five kinds of stream (aggregates, see :mod:`little_es.domain`) carry these events:
 
 * ``Run`` - :class:`RunStarted`, :class:`StepStarted`, :class:`StepCompleted`,
   :class:`StepFailed`, :class:`ParallelBranchScheduled`,
   :class:`SubRunReserved`, :class:`RunCompleted`, :class:`RunFailed`,
   :class:`RunCancelled`, :class:`BudgetSet`, :class:`BudgetExceeded`,
   :class:`RunResumed`, :class:`RunWaiting`, :class:`SignalReceived`,
-  :class:`WaitTimedOut`, and user-defined subclasses of :class:`RunEvent`.
+  :class:`WaitTimedOut`, :class:`RunForked`, :class:`WorkflowAdopted`, and
+  user-defined subclasses of :class:`RunEvent`.
 * ``HarnessSession`` (one per attempt of an agent step) - the ``harness.*``
   events.
 * ``OuterLoop`` - the ``outer_loop.*`` events.
 * ``PriceBook`` (one per world) - :class:`ModelPriceSet`, the prices recorded
   in the world.
+* ``World`` (one per world) - :class:`WorldCreated`, the world's identity.
 
 Schema changes never edit stored history. Bump ``class_version`` on the class
 and add a static method ``upcast_v{N}_v{N+1}(state: dict) -> None`` that turns
