@@ -2,7 +2,12 @@
 
 The stored topic is the event's wire name, not its Python path. The stored
 state is the event's JSON payload without ``originator_id`` and
-``originator_version`` (the recorder keeps those in their own columns).
+``originator_version`` (the recorder keeps those in their own columns), and
+without the fields whose value is their default (``null``, ``[]``, ``0``...: a
+task step's ``StepCompleted`` is 20% smaller); validation fills them in again on
+read, so logs written before, with every field stored, read the same
+(``tests/fixtures/verbose_log.jsonl``). A field's default is therefore part of the
+stored format: changing one is a schema change (see :mod:`little_es.events`).
 Reading validates the payload against the event's schema, after upcasting an
 old ``class_version``; anything that does not validate is refused with an error
 that names the event and the field.
@@ -52,7 +57,7 @@ def _payload(event: Event, wire_name: str) -> bytes:
     cls = type(event)
     try:
         data = cls.__pydantic_serializer__.to_json(
-            event, exclude=_ORIGINATOR_FIELDS, warnings=False
+            event, exclude=_ORIGINATOR_FIELDS, exclude_defaults=True, warnings=False
         )
     except PydanticSerializationError as exc:
         raise EventPayloadError(

@@ -24,6 +24,9 @@ Five kinds of stream (aggregates, see :mod:`little_es.domain`) carry these event
 Schema changes never edit stored history. Bump ``class_version`` on the class
 and add a static method ``upcast_v{N}_v{N+1}(state: dict) -> None`` that turns
 an old stored payload into the next shape; the codec applies them on read.
+A stored payload leaves out every field at its default, so changing a field's
+default is such a change too: the upcast puts the old default into a payload
+that lacks the field.
 
 A user extends the run's domain model by subclassing :class:`RunEvent`::
 

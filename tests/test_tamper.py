@@ -260,7 +260,8 @@ CASES = [
     Case("inline step output edited", _edit("StepCompleted", b'"tides"', b'"tidex"')),
     Case(
         "artifact reference written into a step's output",
-        _edit("StepCompleted", b'"output_ref":null', _FORGED_REF),
+        # A field at its default is not stored: the forged reference is added.
+        _edit("StepCompleted", b'"attempt":1,', b'"attempt":1,' + _FORGED_REF + b","),
     ),
     Case(
         "run output edited", _edit("RunCompleted", b"found after", b"faked after"), ("completed",)

@@ -1,0 +1,79 @@
+"""A log written before payloads left out their defaults still reads, resumes and verifies.
+
+``tests/fixtures/verbose_log.jsonl`` is a ``little export`` of a world written by that
+code (see :mod:`tests._verbose_log`): every field of every event stored, ``null`` and
+``[]`` included. Today's code imports it (chains checked), folds it, resumes its failed
+run without running anything committed again, and appends to it in the compact form;
+the mixed world verifies.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from _verbose_log import CALLS, DONE_RUN, HALF_RUN, MODEL, PUBLISH_FAILS, WORKFLOW
+
+from little_es import import_world, local_world, replay_run, run_workflow, verify_world
+
+FIXTURE = Path(__file__).parent / "fixtures" / "verbose_log.jsonl"
+
+
+@pytest.fixture
+def world_dir(tmp_path: Path) -> Path:
+    directory = tmp_path / "world"
+    world = local_world(directory)
+    with FIXTURE.open("rb") as source:
+        import_world(world, source)
+    world.close()
+    CALLS.clear()
+    PUBLISH_FAILS["on"] = False
+    return directory
+
+
+def _payloads(directory: Path, topic: str) -> list[bytes]:
+    with sqlite3.connect(directory / "events.sqlite3") as conn:
+        rows = conn.execute("SELECT state FROM stored_events WHERE topic = ?", (topic,))
+        return [bytes(r[0]) for r in rows]
+
+
+def test_the_fixture_is_in_the_verbose_form() -> None:
+    text = FIXTURE.read_text()
+    # If this fails, the fixture was regenerated with newer code and tests nothing.
+    assert "output_ref" in text and "session_id" in text and "artifact_refs" in text
+
+
+def test_a_verbose_log_folds_as_it_was_written(world_dir: Path) -> None:
+    world = local_world(world_dir)
+    done = replay_run(world, DONE_RUN).state
+    half = replay_run(world, HALF_RUN).state
+    world.close()
+    assert (done.status, half.status) == ("completed", "failed")
+    assert done.steps["fetch"].output == {"ticket": 7, "title": "disk full"}
+    assert done.steps["publish"].output == {"published": 7}
+    assert done.steps["review@2"].visit == 2
+    assert done.steps["finish"].next_step is not None
+    assert done.steps["check[a.py]/lint"].step_id == "lint"
+    assert (done.usage.input_tokens, done.usage.output_tokens) == (42, 7)
+    assert half.failed_step_path == "publish"
+    assert half.steps["publish"].status == "failed"
+
+
+async def test_a_verbose_log_resumes_without_running_anything_committed(
+    world_dir: Path,
+) -> None:
+    world = local_world(world_dir)
+    model_calls = MODEL.calls
+    resumed = await run_workflow(world, WORKFLOW, {"ticket": 8}, run_id=HALF_RUN)
+    again = await run_workflow(world, WORKFLOW, {"ticket": 7}, run_id=DONE_RUN)
+    assert resumed.state.status == again.state.status == "completed"
+    assert (resumed.steps_executed, again.steps_executed) == (2, 0)
+    assert dict(CALLS) == {"publish": 1, "finish": 1}
+    assert MODEL.calls == model_calls
+    report = verify_world(world)
+    world.close()
+    assert report.ok, report
+    # What was appended is in today's form: no field at its default on the wire.
+    newest = _payloads(world_dir, "StepCompleted")[-1]
+    assert b"null" not in newest and b"artifact_refs" not in newest
