@@ -39,6 +39,7 @@ from benchmarks.figures import Figure, Figures, parse  # noqa: E402
 QUICK: dict[str, list[str]] = {
     "bench_concurrency": ["--steps", "25"],
     "bench_harness": ["--turns", "10", "--repeats", "3"],
+    "bench_memory": ["--sizes", "1000", "--repeat", "1"],
     "bench_leases": ["--checks", "500", "--repeats", "5"],
     "bench_operate": ["--checks", "500", "--repeats", "3", "--sub-runs", "20"],
     "bench_orchestrator": ["--sizes", "50,200", "--repeat", "2"],
