@@ -29,17 +29,26 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-from eventsourcing.persistence import InterfaceError, OperationalError, StoredEvent, Tracking
+from eventsourcing.persistence import (
+    ApplicationRecorder,
+    InterfaceError,
+    Notification,
+    OperationalError,
+    StoredEvent,
+    Subscription,
+    Tracking,
+)
 from eventsourcing.postgres import (
     PostgresApplicationRecorder,
     PostgresDatastore,
     PostgresFactory,
+    PostgresSubscription,
     PostgresTrackingRecorder,
 )
 from eventsourcing.utils import get_topic, retry
 from psycopg import Cursor
 from psycopg.rows import DictRow, tuple_row
-from psycopg.sql import SQL, Identifier
+from psycopg.sql import SQL, Identifier, Literal
 from psycopg_pool import ConnectionPool
 
 from little_es.backends.base import (
@@ -172,6 +181,11 @@ def _lock_key(namespace: bytes) -> int:
     return int.from_bytes(hashlib.sha256(namespace).digest()[:8], "big", signed=True)
 
 
+def _quoted(name: str) -> str:
+    """``name`` as a PostgreSQL quoted identifier (inside a text argument, not in SQL)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
 @contextmanager
 def _setup_lock(conninfo: str, scope: str) -> Iterator[None]:
     # Processes opening a fresh world at once would race on CREATE TABLE IF NOT
@@ -190,17 +204,60 @@ def _setup_lock(conninfo: str, scope: str) -> Iterator[None]:
 
 
 class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
-    """eventsourcing's PostgreSQL recorder; keeps stream heads; write-ahead-only commits do not
-    wait for a flush.
+    """eventsourcing's PostgreSQL recorder, with writers that do not queue; keeps stream heads;
+    write-ahead-only commits do not wait for a flush.
 
     Every insert also moves the heads of its streams (``HEADS_TABLE``) in the
     same transaction, pipelined with the rows (no extra round trip).
+
+    **Concurrent writers.** eventsourcing's recorder takes ``LOCK TABLE ... IN
+    EXCLUSIVE MODE`` for every insert and holds it until the commit is flushed,
+    so that notification ids are given in commit order and a reader following
+    them never passes over an id that a slower transaction commits later. That
+    makes every writer of a database wait for the one before it. Here writers
+    take no exclusive lock and no notify-queue lock (``NOTIFY`` serializes the
+    commits of the transactions that send one): the sequence gives ids to
+    concurrent transactions, which commit in any order and group their flushes.
+    Each insert instead holds a *shared* transaction-level advisory lock
+    (:attr:`appends_lock_key`, one per events table) from before its first id
+    until it ends; shared holders never wait for one another.
+
+    The guarantee moves to the readers: :meth:`select_notifications` and
+    :meth:`max_notification_id` read only up to a *horizon*, the sequence's
+    last id read before a moment at which no insert that held the lock then is
+    still running (the reader takes the advisory lock exclusively and lets go
+    at once, which waits for the inserts in flight and nothing else). Every id
+    at or below it is committed or will never be (a rolled-back insert), so:
+
+    * a reader of the notification log never misses a committed row: each row
+      is read once, in notification-id order, by a reader that continues after
+      the last id it read (the runs projection, ``little verify``, export,
+      eventsourcing's ``Projection`` and subscriptions);
+    * a stream's rows are in version order (an insert of version n+1 starts
+      after version n committed, so it draws a larger id), and a transaction
+      that began after another one committed has larger ids: a step's session
+      rows come after the ``StepStarted`` that names the session, which the
+      runs projection relies on.
+
+    What is no longer true: the ids of one transaction need not be
+    contiguous (two concurrent inserts interleave), and a reader sees a row
+    only once every insert that drew a smaller id has ended (a wait of the
+    length of a commit, taken only when one is in flight). The hash chain is
+    per stream (:mod:`little_es.chain`), so it does not care.
+
+    The horizon needs every writer of the table to take the shared lock before
+    it draws an id: processes of an older little_es (or eventsourcing's own
+    recorder, which takes the table lock instead) writing the same world while
+    this version reads it could be passed over; upgrade every process of a
+    world together. The sequence must keep its default ``CACHE 1`` (a cached
+    range is invisible to readers).
     """
 
     def __init__(self, datastore: PostgresDatastore, **kwargs: Any) -> None:
         super().__init__(datastore, **kwargs)
+        schema, table = datastore.schema, self.events_table_name
         heads = SQL("{schema}.{table}").format(
-            schema=Identifier(datastore.schema), table=Identifier(HEADS_TABLE)
+            schema=Identifier(schema), table=Identifier(HEADS_TABLE)
         )
         self.sql_create_statements.append(
             SQL(
@@ -220,6 +277,98 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
         self.select_heads_statement = SQL(
             "SELECT stream_id, version, digest, running FROM {heads}"
         ).format(heads=heads)
+        self.appends_lock_key = _lock_key(f"little_es appends:{schema}.{table}".encode())
+        """The advisory lock every insert holds shared (see the class docstring)."""
+        self.lock_table_statements = [
+            SQL("SET LOCAL lock_timeout = '{0}s'").format(datastore.lock_timeout),
+            SQL("SELECT pg_advisory_xact_lock_shared({0})").format(self.appends_lock_key),
+        ]
+        self._last_id_statement = SQL(
+            "SELECT pg_sequence_last_value(pg_get_serial_sequence({0}, 'notification_id'))"
+        ).format(Literal(f"{_quoted(schema)}.{_quoted(table)}"))
+        self._horizon_max_statement = self.max_notification_id_statement + SQL(
+            " WHERE notification_id <= %s"
+        )
+        # eventsourcing's insert function, without its NOTIFY (see the class docstring).
+        self.sql_create_statements[self.create_insert_function_statement_index] = SQL(
+            "CREATE OR REPLACE FUNCTION {schema}.{insert_events}(events {schema}.{event}[])"
+            " RETURNS SETOF bigint LANGUAGE plpgsql AS $BODY$ BEGIN RETURN QUERY"
+            " INSERT INTO {schema}.{table} AS t (originator_id, originator_version, topic, state)"
+            " SELECT originator_id, originator_version, topic, state FROM unnest(events)"
+            " RETURNING notification_id; END; $BODY$"
+        ).format(
+            insert_events=Identifier(self.pg_function_name_insert_events),
+            event=Identifier(self.stored_event_type_name),
+            schema=Identifier(schema),
+            table=Identifier(table),
+        )
+
+    def _notify_channel(self, curs: Cursor[DictRow]) -> None:
+        # No NOTIFY: it would make the commits of all writers take turns. Subscriptions
+        # poll instead (``_PollingSubscription``).
+        pass
+
+    def horizon(self) -> int:
+        """The largest notification id up to which the log is final (0 for none yet).
+
+        Every id at or below it is committed, or belongs to an insert that rolled back.
+        """
+        key = self.appends_lock_key
+        # One round trip; in this order: the last id drawn, then a wait for every
+        # insert that may have drawn one (they hold the lock shared) to end.
+        with (
+            self.datastore.get_connection() as conn,
+            conn.pipeline(),
+            conn.cursor() as curs,
+            conn.cursor() as lock,
+        ):
+            curs.execute(self._last_id_statement, prepare=True)
+            lock.execute(SQL("SELECT pg_advisory_lock({0})").format(key), prepare=True)
+            lock.execute(SQL("SELECT pg_advisory_unlock({0})").format(key), prepare=True)
+            row = curs.fetchone()
+        assert row is not None
+        last = row["pg_sequence_last_value"]
+        return int(last) if last is not None else 0
+
+    @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
+    def select_notifications(
+        self,
+        start: int | None,
+        limit: int,
+        stop: int | None = None,
+        topics: Sequence[str] = (),
+        *,
+        inclusive_of_start: bool = True,
+    ) -> Sequence[Notification]:
+        """eventsourcing's select, up to :meth:`horizon` (see the class docstring)."""
+        horizon = self.horizon()
+        if start is not None and (start > horizon or (start == horizon and not inclusive_of_start)):
+            return []
+        notifications: Sequence[Notification] = super().select_notifications(
+            start,
+            limit,
+            stop=horizon if stop is None else min(stop, horizon),
+            topics=topics,
+            inclusive_of_start=inclusive_of_start,
+        )
+        return notifications
+
+    @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
+    def max_notification_id(self) -> int | None:
+        """The largest notification id at or below :meth:`horizon`, or None for none."""
+        horizon = self.horizon()
+        with self.datastore.get_connection() as conn, conn.cursor() as curs:
+            curs.execute(self._horizon_max_statement, (horizon,), prepare=True)
+            row = curs.fetchone()
+        assert row is not None
+        found: int | None = row["max"]
+        return found
+
+    def subscribe(
+        self, gt: int | None = None, topics: Sequence[str] = ()
+    ) -> Subscription[ApplicationRecorder]:
+        """A subscription that reads the log every :data:`_POLL_S` (no NOTIFY is sent)."""
+        return _PollingSubscription(recorder=self, gt=gt, topics=topics)
 
     def _insert_stored_events(
         self,
@@ -253,9 +402,9 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
         eventsourcing's database-function path calls its insert function in
         autocommit, outside the transaction and the hooks above: every commit
         would wait for the flush, the heads would not move, and without the
-        table lock a reader of notifications (the runs projection) could pass
-        over rows that commit later with lower ids. Here the function runs in
-        a transaction of its own with all three.
+        shared appends lock a reader of notifications (the runs projection)
+        could pass over rows that commit later with lower ids. Here the
+        function runs in a transaction of its own with all three.
         """
         ids: Sequence[int] | None
         if not self.datastore.enable_db_functions:
@@ -294,6 +443,24 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
             # Another cursor: eventsourcing reads the notification ids from this one's result.
             with curs.connection.cursor() as heads_cursor:
                 heads_cursor.execute(self.upsert_heads_statement, (list(heads), *columns))
+
+
+_POLL_S = 0.1
+"""How often a subscription reads the log for new notifications."""
+
+
+class _PollingSubscription(PostgresSubscription):
+    """eventsourcing's subscription, woken every :data:`_POLL_S` instead of by NOTIFY."""
+
+    def _listen(self) -> None:
+        try:
+            while not self._has_been_stopped and not self._thread_error:
+                self._has_been_notified.set()
+                time.sleep(_POLL_S)
+        except BaseException as e:  # as eventsourcing's own listener
+            if self._thread_error is None:
+                self._thread_error = e
+            self.stop()
 
 
 class LittlePostgresFactory(PostgresFactory):
