@@ -16,6 +16,7 @@ of the process does not: the call runs again.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -47,6 +48,7 @@ from eventsourcing.postgres import (
 )
 from eventsourcing.utils import get_topic, retry
 from psycopg import Cursor
+from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow, tuple_row
 from psycopg.sql import SQL, Identifier, Literal
 from psycopg_pool import ConnectionPool
@@ -279,6 +281,43 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
         ).format(heads=heads)
         self.appends_lock_key = _lock_key(f"little_es appends:{schema}.{table}".encode())
         """The advisory lock every insert holds shared (see the class docstring)."""
+        events = SQL("{0}.{1}").format(Identifier(schema), Identifier(table))
+        self._insert_rows_statement = (
+            SQL(
+                "INSERT INTO {events} (originator_id, originator_version, topic, state)"
+                " SELECT * FROM unnest(%s::{id_type}[], %s::bigint[], %s::text[], %s::bytea[])"
+                " RETURNING notification_id"
+            )
+            .format(events=events, id_type=Identifier(datastore.originator_id_type))
+            .as_bytes(None)
+        )
+        self._insert_row_statement = (
+            SQL(
+                "INSERT INTO {events} (originator_id, originator_version, topic, state)"
+                " VALUES (%s, %s, %s, %s) RETURNING notification_id"
+            )
+            .format(events=events)
+            .as_bytes(None)
+        )
+        self._upsert_heads_bytes = self.upsert_heads_statement.as_bytes(None)
+        self._upsert_head_statement = (
+            SQL(
+                "INSERT INTO {heads} (stream_id, version, digest, running) VALUES (%s, %s, %s, %s)"
+                " ON CONFLICT (stream_id) DO UPDATE SET version = EXCLUDED.version,"
+                " digest = EXCLUDED.digest, running = EXCLUDED.running"
+            )
+            .format(heads=heads)
+            .as_bytes(None)
+        )
+        # One statement: the transaction's options, then the appends lock.
+        self._prelude_durable = (
+            b"SELECT set_config('lock_timeout', %s, true), pg_advisory_xact_lock_shared(%s)"
+        )
+        self._prelude_write_ahead = (
+            b"SELECT set_config('lock_timeout', %s, true),"
+            b" set_config('synchronous_commit', 'off', true), pg_advisory_xact_lock_shared(%s)"
+        )
+        self._prelude_params = (f"{datastore.lock_timeout}s", self.appends_lock_key)
         self.lock_table_statements = [
             SQL("SET LOCAL lock_timeout = '{0}s'").format(datastore.lock_timeout),
             SQL("SELECT pg_advisory_xact_lock_shared({0})").format(self.appends_lock_key),
@@ -397,7 +436,15 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
     def insert_events(
         self, stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> Sequence[int] | None:
-        """eventsourcing's insert; with ``POSTGRES_ENABLE_DB_FUNCTIONS``, the same policy.
+        """eventsourcing's insert, in one round trip; with ``POSTGRES_ENABLE_DB_FUNCTIONS``,
+        the same policy.
+
+        The rows, the heads and the commit go in one pipeline: ``BEGIN``, one
+        statement that sets the transaction's options and takes the appends
+        lock, the rows (as four arrays, cheaper to send than eventsourcing's
+        composite type), the heads, ``COMMIT``. Statements are rendered to
+        bytes once, so psycopg does not compose them again per insert. A
+        conflicting version fails the rows, the rest is skipped and rolled back.
 
         eventsourcing's database-function path calls its insert function in
         autocommit, outside the transaction and the hooks above: every commit
@@ -407,11 +454,65 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
         function runs in a transaction of its own with all three.
         """
         ids: Sequence[int] | None
-        if not self.datastore.enable_db_functions:
-            ids = super().insert_events(stored_events, **kwargs)
-        else:
+        if self.datastore.enable_db_functions:
             ids = self._insert_through_function(stored_events, **kwargs)
+        elif stored_events:
+            ids = self._insert_pipelined(stored_events, **kwargs)
+        else:
+            ids = super().insert_events(stored_events, **kwargs)
         return ids
+
+    @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
+    def _insert_pipelined(
+        self,
+        stored_events: Sequence[StoredEvent],
+        *,
+        durable: bool = True,
+        heads: Mapping[UUID, Head] | None = None,
+        **_: Any,
+    ) -> Sequence[int]:
+        # One row (most commits) as plain parameters: psycopg dumps arrays much slower.
+        insert_rows: bytes
+        columns: Sequence[Any]
+        if len(stored_events) == 1:
+            e = stored_events[0]
+            insert_rows = self._insert_row_statement
+            columns = (e.originator_id, e.originator_version, e.topic, e.state)
+        else:
+            insert_rows = self._insert_rows_statement
+            columns = (
+                [e.originator_id for e in stored_events],
+                [e.originator_version for e in stored_events],
+                [e.topic for e in stored_events],
+                [e.state for e in stored_events],
+            )
+        prelude = self._prelude_durable if durable else self._prelude_write_ahead
+        with self.datastore.get_connection() as conn:
+            try:
+                with (
+                    conn.cursor(row_factory=tuple_row) as rows,
+                    conn.cursor(row_factory=tuple_row) as curs,
+                ):
+                    with conn.pipeline():
+                        curs.execute(b"BEGIN")
+                        curs.execute(prelude, self._prelude_params, prepare=True)
+                        rows.execute(insert_rows, columns, prepare=True)
+                        if heads and len(heads) == 1:
+                            ((stream_id, head),) = heads.items()
+                            curs.execute(
+                                self._upsert_head_statement, (stream_id, *head), prepare=True
+                            )
+                        elif heads:
+                            curs.execute(
+                                self._upsert_heads_bytes, self._heads_params(heads), prepare=True
+                            )
+                        curs.execute(b"COMMIT")
+                    return [row[0] for row in rows.fetchall()]
+            except BaseException:
+                if conn.info.transaction_status != TransactionStatus.IDLE and not conn.closed:
+                    with contextlib.suppress(psycopg.Error):
+                        conn.execute(b"ROLLBACK")
+                raise
 
     @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
     def _insert_through_function(
@@ -436,13 +537,16 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
             self._upsert_heads(curs, kwargs.get("heads"))
         return ids
 
+    @staticmethod
+    def _heads_params(heads: Mapping[UUID, Head]) -> list[list[Any]]:
+        # Lists: psycopg sends a list as an array, a tuple as a record.
+        return [list(heads), *(list(column) for column in zip(*heads.values(), strict=True))]
+
     def _upsert_heads(self, curs: Cursor[DictRow], heads: Mapping[UUID, Head] | None) -> None:
         if heads:
-            # Lists: psycopg sends a list as an array, a tuple as a record.
-            columns = [list(column) for column in zip(*heads.values(), strict=True)]
             # Another cursor: eventsourcing reads the notification ids from this one's result.
             with curs.connection.cursor() as heads_cursor:
-                heads_cursor.execute(self.upsert_heads_statement, (list(heads), *columns))
+                heads_cursor.execute(self.upsert_heads_statement, self._heads_params(heads))
 
 
 _POLL_S = 0.1
