@@ -439,12 +439,13 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
         """eventsourcing's insert, in one round trip; with ``POSTGRES_ENABLE_DB_FUNCTIONS``,
         the same policy.
 
-        The rows, the heads and the commit go in one pipeline: ``BEGIN``, one
-        statement that sets the transaction's options and takes the appends
-        lock, the rows (as four arrays, cheaper to send than eventsourcing's
-        composite type), the heads, ``COMMIT``. Statements are rendered to
-        bytes once, so psycopg does not compose them again per insert. A
-        conflicting version fails the rows, the rest is skipped and rolled back.
+        The rows, the heads and the commit go in one pipeline, one implicit
+        transaction: one statement that sets the transaction's options and
+        takes the appends lock, the rows (one as plain parameters, more as
+        four arrays, both cheaper to send than eventsourcing's composite
+        type), the heads. Statements are rendered to bytes once, so psycopg
+        does not compose them again per insert. A conflicting version fails
+        the rows; the rest is skipped and the whole rolled back.
 
         eventsourcing's database-function path calls its insert function in
         autocommit, outside the transaction and the hooks above: every commit
@@ -493,8 +494,9 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
                     conn.cursor(row_factory=tuple_row) as rows,
                     conn.cursor(row_factory=tuple_row) as curs,
                 ):
+                    # No BEGIN/COMMIT: the statements up to the pipeline's sync are one
+                    # implicit transaction, committed at the sync, rolled back if one fails.
                     with conn.pipeline():
-                        curs.execute(b"BEGIN")
                         curs.execute(prelude, self._prelude_params, prepare=True)
                         rows.execute(insert_rows, columns, prepare=True)
                         if heads and len(heads) == 1:
@@ -506,7 +508,6 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
                             curs.execute(
                                 self._upsert_heads_bytes, self._heads_params(heads), prepare=True
                             )
-                        curs.execute(b"COMMIT")
                     return [row[0] for row in rows.fetchall()]
             except BaseException:
                 if conn.info.transaction_status != TransactionStatus.IDLE and not conn.closed:
