@@ -107,8 +107,10 @@ class PostgresBackend(Backend):
                     "POSTGRES_USER": user,
                     "POSTGRES_PASSWORD": password,
                     "POSTGRES_SCHEMA": schema,
-                    "POSTGRES_POOL_SIZE": "5",
-                    "POSTGRES_MAX_OVERFLOW": "10",
+                    # One connection kept open, up to 15 while busy: sixteen processes
+                    # of a team then hold 32 of a server's 100, not 96.
+                    "POSTGRES_POOL_SIZE": "1",
+                    "POSTGRES_MAX_OVERFLOW": "14",
                     "POSTGRES_CONNECT_TIMEOUT": "5",
                 }
             )
