@@ -16,7 +16,6 @@ of the process does not: the call runs again.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import re
@@ -48,7 +47,6 @@ from eventsourcing.postgres import (
 )
 from eventsourcing.utils import get_topic, retry
 from psycopg import Cursor
-from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow, tuple_row
 from psycopg.sql import SQL, Identifier, Literal
 from psycopg_pool import ConnectionPool
@@ -283,43 +281,10 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
         ).format(heads=heads)
         self.appends_lock_key = _lock_key(f"little_es appends:{schema}.{table}".encode())
         """The advisory lock every insert holds shared (see the class docstring)."""
-        events = SQL("{0}.{1}").format(Identifier(schema), Identifier(table))
-        self._insert_rows_statement = (
-            SQL(
-                "INSERT INTO {events} (originator_id, originator_version, topic, state)"
-                " SELECT * FROM unnest(%s::{id_type}[], %s::bigint[], %s::text[], %s::bytea[])"
-                " RETURNING notification_id"
-            )
-            .format(events=events, id_type=Identifier(datastore.originator_id_type))
-            .as_bytes(None)
-        )
-        self._insert_row_statement = (
-            SQL(
-                "INSERT INTO {events} (originator_id, originator_version, topic, state)"
-                " VALUES (%s, %s, %s, %s) RETURNING notification_id"
-            )
-            .format(events=events)
-            .as_bytes(None)
-        )
-        self._upsert_heads_bytes = self.upsert_heads_statement.as_bytes(None)
-        self._upsert_head_statement = (
-            SQL(
-                "INSERT INTO {heads} (stream_id, version, digest, running) VALUES (%s, %s, %s, %s)"
-                " ON CONFLICT (stream_id) DO UPDATE SET version = EXCLUDED.version,"
-                " digest = EXCLUDED.digest, running = EXCLUDED.running"
-            )
-            .format(heads=heads)
-            .as_bytes(None)
-        )
-        # One statement: the transaction's options, then the appends lock.
-        self._prelude_durable = (
-            b"SELECT set_config('lock_timeout', %s, true), pg_advisory_xact_lock_shared(%s)"
-        )
-        self._prelude_write_ahead = (
-            b"SELECT set_config('lock_timeout', %s, true),"
-            b" set_config('synchronous_commit', 'off', true), pg_advisory_xact_lock_shared(%s)"
-        )
-        self._prelude_params = (f"{datastore.lock_timeout}s", self.appends_lock_key)
+        self._events = SQL("{0}.{1}").format(Identifier(schema), Identifier(table))
+        self._heads = heads
+        self._insert_statements: dict[tuple[bool, bool, int], bytes] = {}
+        self._options_params = (f"{datastore.lock_timeout}s", self.appends_lock_key)
         self.lock_table_statements = [
             SQL("SET LOCAL lock_timeout = '{0}s'").format(datastore.lock_timeout),
             SQL("SELECT pg_advisory_xact_lock_shared({0})").format(self.appends_lock_key),
@@ -441,13 +406,13 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
         """eventsourcing's insert, in one round trip; with ``POSTGRES_ENABLE_DB_FUNCTIONS``,
         the same policy.
 
-        The rows, the heads and the commit go in one pipeline, one implicit
-        transaction: one statement that sets the transaction's options and
-        takes the appends lock, the rows (one as plain parameters, more as
-        four arrays, both cheaper to send than eventsourcing's composite
-        type), the heads. Statements are rendered to bytes once, so psycopg
-        does not compose them again per insert. A conflicting version fails
-        the rows; the rest is skipped and the whole rolled back.
+        The rows, the heads and the commit are one statement in autocommit (one
+        round trip, one transaction): a ``WITH`` that sets the transaction's
+        options and takes the appends lock, inserts the rows (one as plain
+        parameters, more as four arrays, both cheaper to send than
+        eventsourcing's composite type) and moves the heads. Statements are
+        rendered to bytes once, so psycopg does not compose them again per
+        insert. A conflicting version fails the statement, rows and heads alike.
 
         eventsourcing's database-function path calls its insert function in
         autocommit, outside the transaction and the hooks above: every commit
@@ -460,13 +425,13 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
         if self.datastore.enable_db_functions:
             ids = self._insert_through_function(stored_events, **kwargs)
         elif stored_events:
-            ids = self._insert_pipelined(stored_events, **kwargs)
+            ids = self._insert_in_one_statement(stored_events, **kwargs)
         else:
             ids = super().insert_events(stored_events, **kwargs)
         return ids
 
     @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
-    def _insert_pipelined(
+    def _insert_in_one_statement(
         self,
         stored_events: Sequence[StoredEvent],
         *,
@@ -474,48 +439,81 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
         heads: Mapping[UUID, Head] | None = None,
         **_: Any,
     ) -> Sequence[int]:
+        params: list[Any] = [*self._options_params]
         # One row (most commits) as plain parameters: psycopg dumps arrays much slower.
-        insert_rows: bytes
-        columns: Sequence[Any]
         if len(stored_events) == 1:
             e = stored_events[0]
-            insert_rows = self._insert_row_statement
-            columns = (e.originator_id, e.originator_version, e.topic, e.state)
+            params += (e.originator_id, e.originator_version, e.topic, e.state)
         else:
-            insert_rows = self._insert_rows_statement
-            columns = (
+            params += (
                 [e.originator_id for e in stored_events],
                 [e.originator_version for e in stored_events],
                 [e.topic for e in stored_events],
                 [e.state for e in stored_events],
             )
-        prelude = self._prelude_durable if durable else self._prelude_write_ahead
-        with self.datastore.get_connection() as conn:
-            try:
-                with (
-                    conn.cursor(row_factory=tuple_row) as rows,
-                    conn.cursor(row_factory=tuple_row) as curs,
-                ):
-                    # No BEGIN/COMMIT: the statements up to the pipeline's sync are one
-                    # implicit transaction, committed at the sync, rolled back if one fails.
-                    with conn.pipeline():
-                        curs.execute(prelude, self._prelude_params, prepare=True)
-                        rows.execute(insert_rows, columns, prepare=True)
-                        if heads and len(heads) == 1:
-                            ((stream_id, head),) = heads.items()
-                            curs.execute(
-                                self._upsert_head_statement, (stream_id, *head), prepare=True
-                            )
-                        elif heads:
-                            curs.execute(
-                                self._upsert_heads_bytes, self._heads_params(heads), prepare=True
-                            )
-                    return [row[0] for row in rows.fetchall()]
-            except BaseException:
-                if conn.info.transaction_status != TransactionStatus.IDLE and not conn.closed:
-                    with contextlib.suppress(psycopg.Error):
-                        conn.execute(b"ROLLBACK")
-                raise
+        if heads and len(heads) == 1:
+            ((stream_id, head),) = heads.items()
+            params += (stream_id, *head)
+        elif heads:
+            params += self._heads_params(heads)
+        statement = self._insert_statement(
+            durable, len(stored_events) == 1, 0 if not heads else 1 if len(heads) == 1 else 2
+        )
+        with (
+            self.datastore.get_connection() as conn,
+            conn.cursor(row_factory=tuple_row) as curs,
+        ):
+            # Autocommit: the statement is its own transaction.
+            curs.execute(statement, params, prepare=True)
+            return [row[0] for row in curs.fetchall()]
+
+    def _insert_statement(self, durable: bool, one_row: bool, heads: int) -> bytes:
+        """The insert of rows and heads (0 none, 1 one, 2 several), rendered once."""
+        key = (durable, one_row, heads)
+        found = self._insert_statements.get(key)
+        if found is not None:
+            return found
+        # The options and the appends lock come first: every row is joined with them,
+        # so they are evaluated before the first row draws its id.
+        options = SQL(
+            "SELECT set_config('lock_timeout', %s, true), pg_advisory_xact_lock_shared(%s)"
+            if durable
+            else "SELECT set_config('lock_timeout', %s, true),"
+            " set_config('synchronous_commit', 'off', true), pg_advisory_xact_lock_shared(%s)"
+        )
+        id_type = Identifier(self.datastore.originator_id_type)
+        rows = (
+            SQL("(VALUES (%s::{0}, %s::bigint, %s::text, %s::bytea)) AS r (i, v, t, s)")
+            if one_row
+            else SQL(
+                "unnest(%s::{0}[], %s::bigint[], %s::text[], %s::bytea[])"
+                " WITH ORDINALITY AS r (i, v, t, s, n)"
+            )
+        ).format(id_type)
+        # Rows go in in the order given, so a stream's versions draw ascending ids.
+        order = SQL("") if one_row else SQL(" ORDER BY r.n")
+        statement = SQL(
+            "WITH options AS MATERIALIZED ({options}), inserted AS ("
+            "INSERT INTO {events} (originator_id, originator_version, topic, state)"
+            " SELECT r.i, r.v, r.t, r.s FROM options, {rows}{order} RETURNING notification_id)"
+        ).format(options=options, events=self._events, rows=rows, order=order)
+        if heads:
+            values = (
+                SQL("(VALUES (%s::uuid, %s::bigint, %s::bytea, %s::bytea)) AS h (i, v, d, r)")
+                if heads == 1
+                else SQL(
+                    "unnest(%s::uuid[], %s::bigint[], %s::bytea[], %s::bytea[]) AS h (i, v, d, r)"
+                )
+            )
+            statement += SQL(
+                ", moved AS (INSERT INTO {heads} (stream_id, version, digest, running)"
+                " SELECT h.i, h.v, h.d, h.r FROM options, {values}"
+                " ON CONFLICT (stream_id) DO UPDATE SET version = EXCLUDED.version,"
+                " digest = EXCLUDED.digest, running = EXCLUDED.running)"
+            ).format(heads=self._heads, values=values)
+        statement += SQL(" SELECT notification_id FROM inserted")
+        rendered = self._insert_statements[key] = statement.as_bytes(None)
+        return rendered
 
     @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
     def _insert_through_function(
