@@ -12,6 +12,12 @@ off: it returns without waiting for the WAL flush. The WAL is one log, flushed
 in order, so the next synchronous commit (one that holds a result) makes it
 durable too, and until then losing it to a server crash costs nothing a crash
 of the process does not: the call runs again.
+
+Concurrent writers: inserts take no table lock (eventsourcing's recorder
+locks the events table for each, so the writers of a database take turns);
+readers of the notification log read up to a horizon no insert in flight can
+fall below. :class:`LittlePostgresApplicationRecorder` says what that
+guarantees and what it does not.
 """
 
 from __future__ import annotations
