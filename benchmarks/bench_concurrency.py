@@ -3,7 +3,7 @@
 Run from the repository root::
 
     .venv/bin/python -m benchmarks.bench_concurrency
-    .venv/bin/python -m benchmarks.bench_concurrency --writers 1,2,4,8 --steps 100 \
+    .venv/bin/python -m benchmarks.bench_concurrency --writers 1,2,4,8,16 --steps 100 \
         --backends sqlite,postgres
 
 For each backend and each number of writers N (``--writers``), in a fresh world (a
@@ -23,10 +23,10 @@ temporary SQLite file; a fresh PostgreSQL schema, dropped afterwards):
   same unique (stream, version) key, no chain, no heads, no reads.
 
 The ratio is floor / little_es steps/s: how many times the floor's cost a step costs
-when N processes write at once; "x N=1" is little_es's total over its total with one
-writer. With ``--repeat R`` each pair (little_es, then the floor) is measured R times,
-alternating, and the best of each is shown: on a shared machine, the run least slowed
-by others.
+when N processes write at once; "x N=1" is little_es's total over its total with the
+first ``--writers`` count (one writer by default). With ``--repeat R`` each pair
+(little_es, then the floor) is measured R times, alternating, and the best of each is
+shown: on a shared machine, the run least slowed by others.
 
 The PostgreSQL curve of the README::
 
@@ -279,7 +279,7 @@ def measure_postgres(
 def main(argv: list[str] | None = None) -> int:
     """Parse the options, measure every backend and writer count, print the table."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--writers", default="1,2,4,8", help="comma-separated process counts")
+    parser.add_argument("--writers", default="1,2,4,8,16", help="comma-separated process counts")
     parser.add_argument("--steps", type=int, default=100, help="task steps per writer")
     parser.add_argument("--backends", default="sqlite,postgres", help="comma-separated")
     parser.add_argument(
