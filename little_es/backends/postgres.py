@@ -216,7 +216,7 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
     write-ahead-only commits do not wait for a flush.
 
     Every insert also moves the heads of its streams (``HEADS_TABLE``) in the
-    same transaction, pipelined with the rows (no extra round trip).
+    same statement as the rows (no extra round trip; :meth:`insert_events`).
 
     **Concurrent writers.** eventsourcing's recorder takes ``LOCK TABLE ... IN
     EXCLUSIVE MODE`` for every insert and holds it until the commit is flushed,
@@ -234,8 +234,9 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
     :meth:`max_notification_id` read only up to a *horizon*, the sequence's
     last id read before a moment at which no insert that held the lock then is
     still running (the reader takes the advisory lock exclusively and lets go
-    at once, which waits for the inserts in flight and nothing else). Every id
-    at or below it is committed or will never be (a rolled-back insert), so:
+    at once, which waits for the inserts in flight and nothing else; inserts
+    that start meanwhile wait behind it). Every id at or below it is committed
+    or will never be (a rolled-back insert), so:
 
     * a reader of the notification log never misses a committed row: each row
       is read once, in notification-id order, by a reader that continues after
@@ -251,7 +252,8 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
     contiguous (two concurrent inserts interleave), and a reader sees a row
     only once every insert that drew a smaller id has ended (a wait of the
     length of a commit, taken only when one is in flight). The hash chain is
-    per stream (:mod:`little_es.chain`), so it does not care.
+    per stream (:mod:`little_es.chain`), so it does not care. Subscriptions
+    (:meth:`subscribe`) poll, since no insert sends a ``NOTIFY``.
 
     The horizon needs every writer of the table to take the shared lock before
     it draws an id: processes of an older little_es (or eventsourcing's own
