@@ -224,11 +224,12 @@ def check_engine(workflow: Workflow, engine: str) -> None:
     walk(workflow)
 
 
-async def call_maybe_async(fn: Callable[..., Any], *args: Any) -> Any:
-    """Call a user function, sync (in a worker thread) or async, and await what it returns."""
+async def call_maybe_async(fn: Callable[..., Any], *args: Any, in_thread: bool = True) -> Any:
+    """Call a user function, sync (in a worker thread unless ``in_thread`` is False) or
+    async, and await what it returns."""
     if inspect.iscoroutinefunction(fn):
         return await fn(*args)
-    result = await asyncio.to_thread(fn, *args)
+    result = await asyncio.to_thread(fn, *args) if in_thread else fn(*args)
     if inspect.isawaitable(result):
         return await result
     return result
@@ -284,7 +285,7 @@ async def execute_step(world: World, step: CodeStep, ctx: StepContext) -> Any:
             max_turns=step.max_turns,
         )
         return outcome.output
-    return await call_maybe_async(step.fn, ctx)
+    return await call_maybe_async(step.fn, ctx, in_thread=step.run_in_thread)
 
 
 def outputs_from_fold(world: World, fold: RunFold) -> dict[str, Any]:
