@@ -271,10 +271,13 @@ class _UsageSum:
         )
 
     def freeze(self) -> UsageTotals:
+        if self == _NO_CALLS:
+            return _NO_USAGE  # most steps call no model: one shared instance serves them all
         calls = self.priced_calls + self.unpriced_calls
         unpriced = calls and not self.priced_calls
         pusd = self.cost_pusd
         return UsageTotals.model_construct(
+            _USAGE_FIELDS,
             input_tokens=self.input_tokens,
             output_tokens=self.output_tokens,
             cached_input_tokens=self.cached_input_tokens,
@@ -285,6 +288,15 @@ class _UsageSum:
             unpriced_calls=self.unpriced_calls,
             calls=calls,
         )
+
+
+_NO_CALLS = _UsageSum()
+_NO_USAGE = UsageTotals()
+# model_construct gives each instance a set of the field names it was given, about
+# as large as the instance itself; these views are frozen and always get every
+# field, so one set serves them all (model_copy copies it before changing it).
+_STEP_FIELDS = set(StepState.model_fields)
+_USAGE_FIELDS = set(UsageTotals.model_fields)
 
 
 @dataclass(slots=True)
@@ -323,6 +335,7 @@ class StepFold:
         """The immutable view of this step."""
         if self._view is None:
             self._view = StepState.model_construct(
+                _STEP_FIELDS,
                 step_path=self.step_path,
                 step_id=self.step_id,
                 kind=self.kind,
