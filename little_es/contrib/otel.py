@@ -52,7 +52,7 @@ import hashlib
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 from uuid import UUID
@@ -69,6 +69,7 @@ from little_es.events import (
     RunEvent,
     RunFailed,
     RunForked,
+    RunResumed,
     RunStarted,
     SessionCompleted,
     SessionStarted,
@@ -206,6 +207,8 @@ class _RunTrace:
     done: set[int] = field(default_factory=set)
     last: datetime | None = None
     forked_from: str | None = None
+    stopped: bool = False
+    """Whether the run's last word is a stop (completed, failed, ...): its span is closed."""
 
     def feed(self, event: Event) -> list[Closed]:
         """The spans ``event`` closes (a closing event of a span already closed closes nothing)."""
@@ -242,6 +245,9 @@ class _RunTrace:
             # A fork's first event, before the RunStarted it copies.
             self.forked_from = event.origin.origin_run_id
             return []
+        if isinstance(event, StepStarted | RunResumed):
+            # A stopped run going on: its span is open again, until its next stop.
+            self.stopped = False
         if isinstance(event, StepStarted):
             key = (event.step_path, event.visit, event.attempt)
             span_id = _step_span_id(self.run_id, key)
@@ -302,6 +308,7 @@ class _RunTrace:
         elif isinstance(event, WaitTimedOut):
             status, why, outcome = "error", f"wait {event.wait_id} timed out", "timed_out"
         self.run.attributes["little_es.run.status"] = outcome
+        self.stopped = True
         # Not added to ``done``: a run resumed after it stopped closes its span again, later.
         return [(self.run.close(event.timestamp, self.trace_id, status, why), at)]
 
@@ -464,12 +471,13 @@ class _RunTrace:
         if self.last is None:
             return []
         spans = [*self.calls.values(), *self.sessions.values(), *self.steps.values()]
-        if self.run is not None and self.run.span_id not in self.done:
+        if self.run is not None and not self.stopped:
             spans.append(self.run)
         out: list[Closed] = []
         for span in spans:
-            span.attributes["little_es.span.open"] = True
-            out.append((span.close(self.last, self.trace_id), None))
+            closed = span.close(self.last, self.trace_id)
+            attributes = {**closed.attributes, "little_es.span.open": True}
+            out.append((replace(closed, attributes=attributes), None))
         return out
 
 
