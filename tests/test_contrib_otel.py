@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -66,6 +67,11 @@ def _child(world_dir: Path, ledger: Path, **env: str) -> int:
         timeout=120,
     )
     return done.returncode
+
+
+def _ns(at: datetime) -> int:
+    """OpenTelemetry's time of ``at``: nanoseconds since the epoch (events keep microseconds)."""
+    return (at - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1) * 1000
 
 
 def _collector() -> tuple[TracerProvider, InMemorySpanExporter]:
@@ -366,3 +372,103 @@ def test_without_the_sdk_little_trace_says_which_extra_to_install() -> None:
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith("error: little trace needs the otel extra")
     assert lines[0].endswith("pip install 'little-es[otel]'")
+
+
+def test_an_orchestrators_sub_runs_nest_under_their_start_workflow_calls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ORCHESTRATOR_LEDGER", str(tmp_path / "ledger"))
+    spec = importlib.util.spec_from_file_location(
+        "orchestrator_otel", ROOT / "examples" / "orchestrator.py"
+    )
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    world = memory_world()
+    live, live_spans = _collector()
+    stop = instrument(world, live)
+    asyncio.run(run_workflow(world, example.review_repo, {}, run_id="run_review_repo"))
+    stop()
+    spans = run_spans(world, "run_review_repo")
+    by_id = {s.span_id: s for s in spans}
+    assert {s.trace_id for s in spans} == {int(trace_id_of("run_review_repo"), 16)}
+    sub_runs = [s for s in spans if s.name == "run review_file"]
+    assert len(sub_runs) == len(example.FILES)
+    calls = set()
+    for run in sub_runs:
+        assert run.parent_id is not None
+        call = by_id[run.parent_id]
+        assert call.name == "execute_tool start_workflow"
+        calls.add(call.attributes["gen_ai.tool.call.id"])
+        assert call.start <= run.start and run.end <= call.end
+    assert len(calls) == len(example.FILES)
+    emitted = sorted(
+        (s.name, s.context.span_id, s.parent.span_id if s.parent else None)
+        for s in live_spans.get_finished_spans()
+        if s.context is not None
+    )
+    assert emitted == sorted((s.name, s.span_id, s.parent_id) for s in spans)
+
+
+# Resumes the example's killed run as its own child does (the workflow from the example's
+# `__main__`, so the IR hash is the one it started with), its world instrumented: prints
+# the spans that process emitted, one JSON array per line.
+_RESUME_INSTRUMENTED = """
+import runpy, sys
+import orjson
+import little_es
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from little_es.contrib.otel import instrument
+
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+opened = little_es.local_world
+
+def local_world(data_dir):
+    world = opened(data_dir)
+    instrument(world, provider)
+    return world
+
+little_es.local_world = local_world
+example, world_dir = sys.argv[1], sys.argv[2]
+sys.argv = [example, "--child", world_dir]
+runpy.run_path(example, run_name="__main__")
+for s in exporter.get_finished_spans():
+    print(orjson.dumps([s.name, s.context.span_id, s.parent.span_id if s.parent else None,
+                        s.start_time, s.end_time]).decode())
+"""
+
+
+def test_a_resumed_run_emits_live_the_spans_its_own_commits_close(tmp_path: Path) -> None:
+    world_dir = tmp_path / "world"
+    killed = _child(
+        world_dir, tmp_path / "ledger", LITTLE_ES_CRASH_AFTER_EVENT="harness.model.called:turn=3"
+    )
+    assert killed == -9
+    with local_world(world_dir) as world:
+        before = {
+            s.span_id for s in run_spans(world, RUN_ID) if "little_es.span.open" not in s.attributes
+        }
+    done = subprocess.run(
+        [sys.executable, "-c", _RESUME_INSTRUMENTED, str(EXAMPLE), str(world_dir)],
+        env=_env(TRIAGE_LEDGER=str(tmp_path / "ledger")),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    emitted = [tuple(orjson.loads(line)) for line in done.stdout.splitlines()]
+    with local_world(world_dir) as world:
+        spans = run_spans(world, RUN_ID)
+    # Every span the resume closed, once, with the export's ids and times; none of those
+    # the killed process had closed before it died.
+    expected = sorted(
+        (s.name, s.span_id, s.parent_id, s.start, s.end) for s in spans if s.span_id not in before
+    )
+    assert len(emitted) == len(set(emitted)) == len(expected) > 0
+    assert sorted(emitted) == sorted((n, i, p, _ns(a), _ns(b)) for n, i, p, a, b in expected)
+    assert {"run triage", "invoke_agent plan", "chat planner-1"} <= {e[0] for e in emitted}
