@@ -81,6 +81,10 @@ def _collector() -> tuple[TracerProvider, InMemorySpanExporter]:
     return provider, exporter
 
 
+def _attr(span: ReadableSpan, name: str) -> Any:
+    return (span.attributes or {})[name]
+
+
 def _key(span: ReadableSpan) -> tuple[Any, ...]:
     context = span.context
     assert context is not None
@@ -157,26 +161,17 @@ def test_the_example_runs_trace_has_its_steps_calls_and_token_totals(finished: P
         assert attributes["gen_ai.provider.name"] == attributes["gen_ai.system"] == "scripted"
         assert attributes["gen_ai.request.model"] == "planner-1"
         assert attributes["gen_ai.response.model"] == "planner-1"
-    assert sorted(int((c.attributes or {})["little_es.turn"]) for c in chats) == [1, 2, 3, 4]  # type: ignore[call-overload]
-    assert sum(int((c.attributes or {})["gen_ai.usage.input_tokens"]) for c in chats) == (  # type: ignore[call-overload]
-        totals.input_tokens
-    )
-    assert sum(int((c.attributes or {})["gen_ai.usage.output_tokens"]) for c in chats) == (  # type: ignore[call-overload]
-        totals.output_tokens
-    )
+    assert sorted(_attr(c, "little_es.turn") for c in chats) == [1, 2, 3, 4]
+    assert sum(_attr(c, "gen_ai.usage.input_tokens") for c in chats) == totals.input_tokens
+    assert sum(_attr(c, "gen_ai.usage.output_tokens") for c in chats) == totals.output_tokens
     assert totals.input_tokens > 0 and totals.output_tokens > 0
 
     tools = [s for s in spans if s.name.startswith("execute_tool ")]
-    assert sorted((s.attributes or {})["gen_ai.tool.call.id"] for s in tools) == [  # type: ignore[type-var]
-        "c1",
-        "c2",
-        "c3",
-        "c4",
-    ]
+    assert sorted(_attr(s, "gen_ai.tool.call.id") for s in tools) == ["c1", "c2", "c3", "c4"]
     for span in tools:
         attributes = span.attributes or {}
         assert attributes["gen_ai.operation.name"] == "execute_tool"
-        assert span.name == f"execute_tool {attributes['gen_ai.tool.name']}"
+        assert span.name == f"execute_tool {_attr(span, 'gen_ai.tool.name')}"
     assert all(s.status.status_code is StatusCode.UNSET for s in spans)
 
 
@@ -472,3 +467,23 @@ def test_a_resumed_run_emits_live_the_spans_its_own_commits_close(tmp_path: Path
     assert len(emitted) == len(set(emitted)) == len(expected) > 0
     assert sorted(emitted) == sorted((n, i, p, _ns(a), _ns(b)) for n, i, p, a, b in expected)
     assert {"run triage", "invoke_agent plan", "chat planner-1"} <= {e[0] for e in emitted}
+
+
+def test_without_a_configured_sdk_provider_instrument_emits_nothing_and_breaks_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The global provider is the API's proxy until an application sets an SDK one.
+    from opentelemetry import trace
+
+    assert not isinstance(trace.get_tracer_provider(), TracerProvider)
+    world = memory_world()
+    stop = instrument(world)
+    with caplog.at_level(logging.ERROR, logger="little_es.world"):
+        result = asyncio.run(run_workflow(world, LEAF, {}, run_id="run_untraced"))
+    stop()
+    assert result.output == {"leaf": "done"}
+    assert not [r for r in caplog.records if r.name == "little_es.world"]
+    # The export, given a provider, has the run's spans all the same.
+    provider, exporter = _collector()
+    assert len(export_run(world, "run_untraced", provider)) == 2
+    assert sorted(s.name for s in exporter.get_finished_spans()) == ["run leafy", "step leaf"]
