@@ -16,7 +16,6 @@ Each real tool invocation appends a line to LEDGER (O_APPEND + fsync) before it 
 
 # No `from __future__ import annotations`: the tools' hints must stay real objects.
 
-
 import json
 import os
 import sys
