@@ -457,3 +457,26 @@ def test_kill_right_after_a_response_is_committed_does_not_ask_again(
         "toolu_3",
     ]
     _check_finished(result)
+
+
+def test_the_example_runs_offline_killed_and_resumed() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LITTLE_ES_CRASH_")}
+    done = subprocess.run(
+        [sys.executable, str(_ROOT / "examples" / "anthropic_agent.py")],
+        env={**env, "PYTHONPATH": str(_ROOT)},
+        cwd=_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "child killed (exit -9)" in out
+    assert "resumed=True" in out
+    # Turn 2 was in flight when the child died: the only request sent twice.
+    assert "requests the server received: turn 1: 1, turn 2: 2, turn 3: 1" in out
+    total = next(line for line in out.splitlines() if line.strip().startswith("total"))
+    # input (cache included), output, cached, reasoning, cache write, cost
+    assert total.split()[1:6] == ["6,720", "120", "4,000", "0", "2,000"]
+    assert "$" in total.split()[6]
