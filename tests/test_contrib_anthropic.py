@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -342,6 +343,17 @@ async def test_a_workflow_totals_and_prices_the_cache_tokens(
         price_usage_exact("anthropic", MODEL, e.response.usage) or Decimal(0) for e in responded
     )
     assert total == _expected_cost()
+    # A count at its default is left out of the payload: a call without cache writes is
+    # stored exactly as before the field existed.
+    with sqlite3.connect(tmp_path / "world" / "events.sqlite3") as conn:
+        rows = conn.execute(
+            "SELECT state FROM stored_events WHERE topic = 'harness.model.responded'"
+        ).fetchall()
+    assert ['"cache_write_tokens"' in bytes(r[0]).decode("latin-1") for r in rows] == [
+        True,
+        False,
+        False,
+    ]
     # The parameter that asks Anthropic to cache the prompt went with every request.
     assert all(body["cache_control"] == {"type": "ephemeral"} for _, _, body in server.received)
 
