@@ -241,6 +241,7 @@ class _UsageSum:
     output_tokens: int = 0
     cached_input_tokens: int = 0
     reasoning_tokens: int = 0
+    cache_write_tokens: int = 0
     cost_pusd: int = 0
     """Picodollars: integers, so a sum never depends on the order it was added in."""
     priced_calls: int = 0
@@ -251,6 +252,7 @@ class _UsageSum:
         self.output_tokens += u.output_tokens
         self.cached_input_tokens += u.cached_input_tokens
         self.reasoning_tokens += u.reasoning_tokens
+        self.cache_write_tokens += u.cache_write_tokens
         if cost_pusd is None:
             self.unpriced_calls += 1
         else:
@@ -265,6 +267,7 @@ class _UsageSum:
             output_tokens=totals.output_tokens,
             cached_input_tokens=totals.cached_input_tokens,
             reasoning_tokens=totals.reasoning_tokens,
+            cache_write_tokens=totals.cache_write_tokens,
             cost_pusd=0 if exact is None else picodollars(exact),
             priced_calls=totals.calls - totals.unpriced_calls,
             unpriced_calls=totals.unpriced_calls,
@@ -282,6 +285,7 @@ class _UsageSum:
             output_tokens=self.output_tokens,
             cached_input_tokens=self.cached_input_tokens,
             reasoning_tokens=self.reasoning_tokens,
+            cache_write_tokens=self.cache_write_tokens,
             # int / int is correctly rounded: the float nearest the exact figure.
             cost_usd=None if unpriced else pusd / 10**_PICO_EXPONENT,
             cost_usd_exact=None if unpriced else dollars(pusd),

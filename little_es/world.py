@@ -845,6 +845,7 @@ class World:
         output_per_mtok: float | Decimal,
         cached_input_per_mtok: float | Decimal | None = None,
         reasoning_per_mtok: float | Decimal | None = None,
+        cache_write_per_mtok: float | Decimal | None = None,
         effective_from: datetime | None = None,
     ) -> ModelPriceSet:
         """Record a model's price (USD per million tokens) in this world, for every process.
@@ -879,6 +880,9 @@ class World:
             reasoning_per_mtok=None
             if reasoning_per_mtok is None
             else checked_price("reasoning_per_mtok", reasoning_per_mtok),
+            cache_write_per_mtok=None
+            if cache_write_per_mtok is None
+            else checked_price("cache_write_per_mtok", cache_write_per_mtok),
             effective_from=utc_now() if effective_from is None else effective_from.astimezone(UTC),
         )
 

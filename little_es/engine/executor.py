@@ -406,6 +406,7 @@ class BudgetTracker:
         self._output = base.output_tokens
         self._cached = base.cached_input_tokens
         self._reasoning = base.reasoning_tokens
+        self._cache_write = base.cache_write_tokens
         self._calls = base.calls
         self._unpriced = base.unpriced_calls
         exact = base.cost_usd_exact
@@ -421,6 +422,7 @@ class BudgetTracker:
         self._output += usage.output_tokens
         self._cached += usage.cached_input_tokens
         self._reasoning += usage.reasoning_tokens
+        self._cache_write += usage.cache_write_tokens
         self._calls += 1
         if pusd is None:
             self._unpriced += 1
@@ -437,6 +439,7 @@ class BudgetTracker:
             output_tokens=self._output,
             cached_input_tokens=self._cached,
             reasoning_tokens=self._reasoning,
+            cache_write_tokens=self._cache_write,
             cost_usd=None if none_priced else float(dollars(self._pusd)),
             cost_usd_exact=None if none_priced else dollars(self._pusd),
             unpriced_calls=self._unpriced,
