@@ -164,6 +164,14 @@ def test_the_example_runs_trace_has_its_steps_calls_and_token_totals(finished: P
     assert sorted(_attr(c, "little_es.turn") for c in chats) == [1, 2, 3, 4]
     assert sum(_attr(c, "gen_ai.usage.input_tokens") for c in chats) == totals.input_tokens
     assert sum(_attr(c, "gen_ai.usage.output_tokens") for c in chats) == totals.output_tokens
+    assert (
+        sum(_attr(c, "gen_ai.usage.cache_read.input_tokens") for c in chats)
+        == totals.cached_input_tokens
+    )
+    assert (
+        sum(_attr(c, "gen_ai.usage.cache_creation.input_tokens") for c in chats)
+        == totals.cache_write_tokens
+    )
     assert totals.input_tokens > 0 and totals.output_tokens > 0
 
     tools = [s for s in spans if s.name.startswith("execute_tool ")]

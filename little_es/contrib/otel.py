@@ -399,6 +399,7 @@ class _RunTrace:
                     "gen_ai.usage.input_tokens": usage.input_tokens,
                     "gen_ai.usage.output_tokens": usage.output_tokens,
                     "gen_ai.usage.cache_read.input_tokens": usage.cached_input_tokens,
+                    "gen_ai.usage.cache_creation.input_tokens": usage.cache_write_tokens,
                     "little_es.usage.reasoning_tokens": usage.reasoning_tokens,
                 }
             )
