@@ -702,7 +702,7 @@ class Workflow:
     :class:`~little_es.errors.WorkflowDefinitionError` for an invalid definition.
     """
 
-    __slots__ = ("_by_id", "_id", "_index", "_ir", "_steps", "_version")
+    __slots__ = ("_by_id", "_id", "_index", "_ir", "_ir_hash", "_steps", "_version")
 
     def __init__(self, id: str, *, version: str = "1", steps: Sequence[Step]) -> None:
         if not isinstance(id, str) or _WORKFLOW_ID_RE.fullmatch(id) is None:
@@ -752,6 +752,7 @@ class Workflow:
             self._ir = WorkflowIR(id=id, version=version, steps=tuple(s.ir for s in steps))
         except ValidationError as exc:
             raise WorkflowDefinitionError(f"workflow {id!r}: {exc}") from exc
+        self._ir_hash: str | None = None
 
     @property
     def id(self) -> str:
@@ -776,7 +777,11 @@ class Workflow:
     @property
     def ir_hash(self) -> str:
         """The IR's stable hash, recorded in ``RunStarted``."""
-        return self._ir.ir_hash
+        # Hashed once: a start or resume asks for it several times, and the IR of a
+        # 1,000-step workflow takes milliseconds to serialise.
+        if self._ir_hash is None:
+            self._ir_hash = self._ir.ir_hash
+        return self._ir_hash
 
     def step(self, step_id: str) -> Step:
         """The step ``step_id``, top-level or branch step; raises :class:`UnknownStepError`."""
