@@ -4,8 +4,9 @@ Two measurements on a SQLite world (best of ``--repeat``):
 
 * per-step overhead: a workflow of ``--steps`` (1,000) trivial task steps run by
   ``run_workflow`` against the same functions called in a plain loop; printed
-  for sync step functions (which the runtime runs in a worker thread) and for
-  async ones, as total time, ms/step and the ratio;
+  for sync step functions (which the runtime runs in a worker thread, and with
+  ``run_in_thread=False`` on the event loop) and for async ones, as total time,
+  ms/step and the ratio;
 * resume: a run with 10,000 completed steps (a task and a decision looping
   5,000 times, stopped after the last ``StepCompleted`` and before
   ``RunCompleted``) resumed by ``run_workflow``: load (snapshot + later events),
@@ -225,8 +226,15 @@ def _main(args: argparse.Namespace, figures: Figures) -> None:
         pragma = _pragma_synchronous(Path(tmp) / "probe", mode)
     print(f"SQLite {sqlite3.sqlite_version}, PRAGMA synchronous={pragma} (--synchronous {mode})")
 
-    for label, fn in (("sync", _trivial_sync), ("async", _trivial_async)):
-        wf = Workflow(f"bench-{label}", steps=[task(f"s{i}", fn) for i in range(steps)])
+    for label, fn, in_thread in (
+        ("sync", _trivial_sync, True),
+        ("sync (run_in_thread=False)", _trivial_sync, False),
+        ("async", _trivial_async, True),
+    ):
+        wf = Workflow(
+            f"bench-{label.split()[0]}",
+            steps=[task(f"s{i}", fn, run_in_thread=in_thread) for i in range(steps)],
+        )
         plain = min(plain_loop(fn, steps) for _ in range(args.repeat))
         runtime = min(runtime_run(wf, steps, mode) for _ in range(args.repeat))
         overhead_ms = (runtime - plain) / steps * 1000

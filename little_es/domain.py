@@ -257,8 +257,13 @@ class Run(Aggregate):
         apply(self.fold, event)
 
     def snapshot_state(self) -> dict[str, Any]:
-        """The materialized state of the run stream, as JSON, and the attempts that gave up."""
-        state = self.fold.freeze().model_dump(mode="json")
+        """The materialized state of the run stream, as JSON, and the attempts that gave up.
+
+        Fields at their defaults are left out, as in event payloads
+        (:mod:`little_es.codec`): most of a step's fields are (no usage, no error,
+        first visit), and :meth:`restore` validates them back in.
+        """
+        state = self.fold.freeze().model_dump(mode="json", exclude_defaults=True)
         state[_GAVE_UP_KEY] = self.fold.gave_up_attempts()
         return state
 

@@ -577,6 +577,8 @@ class ModelPriceSet(PriceBookEvent):
     """None: cached input tokens cost the same as other input tokens."""
     reasoning_per_mtok: Decimal | None = Field(default=None, ge=0, allow_inf_nan=False)
     """None: reasoning tokens cost the same as other output tokens."""
+    cache_write_per_mtok: Decimal | None = Field(default=None, ge=0, allow_inf_nan=False)
+    """None: tokens written to the prompt cache cost the same as other input tokens."""
     effective_from: datetime
 
 

@@ -241,6 +241,7 @@ class _UsageSum:
     output_tokens: int = 0
     cached_input_tokens: int = 0
     reasoning_tokens: int = 0
+    cache_write_tokens: int = 0
     cost_pusd: int = 0
     """Picodollars: integers, so a sum never depends on the order it was added in."""
     priced_calls: int = 0
@@ -251,6 +252,7 @@ class _UsageSum:
         self.output_tokens += u.output_tokens
         self.cached_input_tokens += u.cached_input_tokens
         self.reasoning_tokens += u.reasoning_tokens
+        self.cache_write_tokens += u.cache_write_tokens
         if cost_pusd is None:
             self.unpriced_calls += 1
         else:
@@ -265,26 +267,40 @@ class _UsageSum:
             output_tokens=totals.output_tokens,
             cached_input_tokens=totals.cached_input_tokens,
             reasoning_tokens=totals.reasoning_tokens,
+            cache_write_tokens=totals.cache_write_tokens,
             cost_pusd=0 if exact is None else picodollars(exact),
             priced_calls=totals.calls - totals.unpriced_calls,
             unpriced_calls=totals.unpriced_calls,
         )
 
     def freeze(self) -> UsageTotals:
+        if self == _NO_CALLS:
+            return _NO_USAGE  # most steps call no model: one shared instance serves them all
         calls = self.priced_calls + self.unpriced_calls
         unpriced = calls and not self.priced_calls
         pusd = self.cost_pusd
         return UsageTotals.model_construct(
+            _USAGE_FIELDS,
             input_tokens=self.input_tokens,
             output_tokens=self.output_tokens,
             cached_input_tokens=self.cached_input_tokens,
             reasoning_tokens=self.reasoning_tokens,
+            cache_write_tokens=self.cache_write_tokens,
             # int / int is correctly rounded: the float nearest the exact figure.
             cost_usd=None if unpriced else pusd / 10**_PICO_EXPONENT,
             cost_usd_exact=None if unpriced else dollars(pusd),
             unpriced_calls=self.unpriced_calls,
             calls=calls,
         )
+
+
+_NO_CALLS = _UsageSum()
+_NO_USAGE = UsageTotals()
+# model_construct gives each instance a set of the field names it was given, about
+# as large as the instance itself; these views are frozen and always get every
+# field, so one set serves them all (model_copy copies it before changing it).
+_STEP_FIELDS = set(StepState.model_fields)
+_USAGE_FIELDS = set(UsageTotals.model_fields)
 
 
 @dataclass(slots=True)
@@ -323,6 +339,7 @@ class StepFold:
         """The immutable view of this step."""
         if self._view is None:
             self._view = StepState.model_construct(
+                _STEP_FIELDS,
                 step_path=self.step_path,
                 step_id=self.step_id,
                 kind=self.kind,

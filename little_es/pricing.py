@@ -24,16 +24,20 @@ take newer prices, upgrade genai-prices or record a price in the world.
 Token conventions (genai-prices' own, which is OpenAI's):
 
 - ``Usage.input_tokens`` is the whole prompt and *includes*
-  ``cached_input_tokens``; the cached part is charged at the cached rate and
-  the rest at the input rate. (Anthropic reports cache reads separately; an
-  adapter for it must add them into ``input_tokens``.)
+  ``cached_input_tokens`` (read from the prompt cache) and
+  ``cache_write_tokens`` (written to it); the cached part is charged at the
+  cache-read rate, the written part at the cache-write rate (genai-prices'
+  ``cache_write_mtok``, Anthropic's 5-minute cache write), and the rest at the
+  input rate. A model without one of these rates charges those tokens at the
+  input rate. (Anthropic reports cache reads and writes outside its
+  ``input_tokens``; :mod:`little_es.contrib.anthropic` adds them in.)
 - ``Usage.output_tokens`` is the whole completion and *includes*
   ``reasoning_tokens`` (OpenAI counts reasoning inside ``completion_tokens``).
   Reasoning tokens are never charged twice: they are charged at the reasoning
   rate where the data has one (a few models do) and at the output rate
   otherwise, and only the remaining output tokens at the output rate.
 
-:func:`price_usage` applies exactly genai-prices' rules for these four counts:
+:func:`price_usage` applies exactly genai-prices' rules for these five counts:
 its long-context tiers (the rate every token of a kind pays is chosen by the
 call's total ``input_tokens``) and its per-request fees, so its figure equals
 ``genai_prices.calc_price(...).total_price``. :class:`ModelInfo` shows the
@@ -87,12 +91,13 @@ __all__ = [
 class ModelInfo(BaseModel):
     """One model's prices in US dollars per million tokens.
 
-    ``cached_input_per_mtok`` is ``None`` when cached input tokens cost the same
-    as other input tokens, and ``reasoning_per_mtok`` is ``None`` when reasoning
-    tokens cost the same as other output tokens (the usual case, OpenAI's
-    included). A price the data leaves out is ``0.0``: genai-prices charges
-    nothing for it. For models with long-context tiers these are the base-tier
-    rates; :func:`price_usage` applies the tiers.
+    ``cached_input_per_mtok`` (cache reads) and ``cache_write_per_mtok`` are
+    ``None`` when those tokens cost the same as other input tokens, and
+    ``reasoning_per_mtok`` is ``None`` when reasoning tokens cost the same as
+    other output tokens (the usual case, OpenAI's included). A price the data
+    leaves out is ``0.0``: genai-prices charges nothing for it. For models
+    with long-context tiers these are the base-tier rates; :func:`price_usage`
+    applies the tiers.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -106,6 +111,7 @@ class ModelInfo(BaseModel):
     output_per_mtok: float = Field(ge=0)
     cached_input_per_mtok: float | None = Field(default=None, ge=0)
     reasoning_per_mtok: float | None = Field(default=None, ge=0)
+    cache_write_per_mtok: float | None = Field(default=None, ge=0)
 
 
 # A rate is a base price in attodollars (10^-18 USD) per token plus long-context tiers as
@@ -121,6 +127,7 @@ class _Entry:
     output: _Rate
     cached_input: _Rate | None
     reasoning: _Rate | None
+    cache_write: _Rate | None
     per_request_atto: int
 
 
@@ -237,16 +244,18 @@ def price_usage_picodollars(
 
 
 def _atto(entry: _Entry, usage: Usage) -> int:
-    inp, cached = usage.input_tokens, usage.cached_input_tokens
+    inp, cached, written = usage.input_tokens, usage.cached_input_tokens, usage.cache_write_tokens
     out, reasoning = usage.output_tokens, usage.reasoning_tokens
     # genai-prices picks every kind's tier by the call's total input tokens, output included.
     input_rate = _rate_at(entry.input, inp)
     output_rate = _rate_at(entry.output, inp)
     cached_rate = input_rate if entry.cached_input is None else _rate_at(entry.cached_input, inp)
     reasoning_rate = output_rate if entry.reasoning is None else _rate_at(entry.reasoning, inp)
+    written_rate = input_rate if entry.cache_write is None else _rate_at(entry.cache_write, inp)
     return (
-        (inp - cached) * input_rate
+        (inp - cached - written) * input_rate
         + cached * cached_rate
+        + written * written_rate
         + (out - reasoning) * output_rate
         + reasoning * reasoning_rate
         + entry.per_request_atto
@@ -273,6 +282,7 @@ def register_model_price(
     output_per_mtok: float | Decimal,
     cached_input_per_mtok: float | Decimal | None = None,
     reasoning_per_mtok: float | Decimal | None = None,
+    cache_write_per_mtok: float | Decimal | None = None,
 ) -> ModelInfo:
     """Price ``model_id`` of ``provider`` (USD per million tokens), overriding genai-prices.
 
@@ -293,6 +303,10 @@ def register_model_price(
             input_per_mtok=0.10, output_per_mtok=0.20, cached_input_per_mtok=0.05,
         )
 
+    ``cache_write_per_mtok`` prices ``Usage.cache_write_tokens`` (default: the
+    input rate), ``cached_input_per_mtok`` cache reads (default: the input rate)
+    and ``reasoning_per_mtok`` reasoning tokens (default: the output rate).
+
     Raises :class:`PricingError` for an empty name or a price that is negative,
     infinite or not a number.
     """
@@ -307,6 +321,9 @@ def register_model_price(
         None
         if reasoning_per_mtok is None
         else checked_price("reasoning_per_mtok", reasoning_per_mtok),
+        None
+        if cache_write_per_mtok is None
+        else checked_price("cache_write_per_mtok", cache_write_per_mtok),
     )
     info = entry.info
     with _lock:
@@ -365,6 +382,7 @@ class RecordedPrices:
             event.output_per_mtok,
             event.cached_input_per_mtok,
             event.reasoning_per_mtok,
+            event.cache_write_per_mtok,
         )
         times, entries = self._by_key.setdefault(key, ([], []))
         # After every price with the same or an earlier effective_from: a later record wins a tie.
@@ -449,6 +467,7 @@ def _flat_entry(
     output_per_mtok: Decimal,
     cached_input_per_mtok: Decimal | None,
     reasoning_per_mtok: Decimal | None,
+    cache_write_per_mtok: Decimal | None = None,
 ) -> _Entry:
     info = ModelInfo(
         provider=key[0],
@@ -459,6 +478,7 @@ def _flat_entry(
         if cached_input_per_mtok is None
         else float(cached_input_per_mtok),
         reasoning_per_mtok=None if reasoning_per_mtok is None else float(reasoning_per_mtok),
+        cache_write_per_mtok=None if cache_write_per_mtok is None else float(cache_write_per_mtok),
     )
     return _Entry(
         info=info,
@@ -468,6 +488,9 @@ def _flat_entry(
         if cached_input_per_mtok is None
         else (_atto_per_token(cached_input_per_mtok), ()),
         reasoning=None if reasoning_per_mtok is None else (_atto_per_token(reasoning_per_mtok), ()),
+        cache_write=None
+        if cache_write_per_mtok is None
+        else (_atto_per_token(cache_write_per_mtok), ()),
         per_request_atto=0,
     )
 
@@ -547,6 +570,7 @@ def _entry_from_genai(provider_id: str, model_id: str, prices: ModelPrice) -> _E
     output_rate = _genai_rate(prices, "output_mtok") or (0, ())
     cached_rate = _genai_rate(prices, "cache_read_mtok")
     reasoning_rate = _genai_rate(prices, "output_reasoning_mtok")
+    cache_write_rate = _genai_rate(prices, "cache_write_mtok")
     request_price = getattr(prices, "requests_kcount", None)
     info = ModelInfo(
         provider=provider_id,
@@ -557,6 +581,9 @@ def _entry_from_genai(provider_id: str, model_id: str, prices: ModelPrice) -> _E
         reasoning_per_mtok=(
             None if reasoning_rate is None else reasoning_rate[0] / _ATTO_PER_MTOK_USD
         ),
+        cache_write_per_mtok=(
+            None if cache_write_rate is None else cache_write_rate[0] / _ATTO_PER_MTOK_USD
+        ),
     )
     return _Entry(
         info=info,
@@ -564,6 +591,7 @@ def _entry_from_genai(provider_id: str, model_id: str, prices: ModelPrice) -> _E
         output=output_rate,
         cached_input=cached_rate,
         reasoning=reasoning_rate,
+        cache_write=cache_write_rate,
         per_request_atto=(
             int((request_price * 10**18 / _REQUESTS_PER_PRICE).to_integral_value(ROUND_HALF_EVEN))
             if isinstance(request_price, Decimal)

@@ -186,14 +186,17 @@ def render_report(world: World, run_id: str, console: Console) -> MaterializedRu
 
     One row per step path (status, visit, input/output/cached/reasoning
     tokens, cost or ``-`` when unpriced) and a totals row that names the
-    unpriced calls, if any. Folds the log with the one reducer, like replay.
+    unpriced calls, if any; a "cache write" column when the run wrote to a
+    prompt cache. Folds the log with the one reducer, like replay.
     """
     state = read_run_state(world, run_id)
+    # Only some providers report cache writes: the column appears when there is one.
+    writes = state.usage.cache_write_tokens > 0
     table = Table(title=_run_title(run_id, state), box=box.SIMPLE_HEAD, show_footer=False)
     table.add_column("step", no_wrap=True, min_width=max((len(p) for p in state.steps), default=4))
     table.add_column("status", no_wrap=True)
     table.add_column("visit", justify="right", no_wrap=True)
-    for name in ("input", "output", "cached", "reasoning"):
+    for name in ("input", "output", "cached", "reasoning", *(("cache write",) if writes else ())):
         table.add_column(name, justify="right", no_wrap=True)
     table.add_column("cost (USD)", justify="right", no_wrap=True)
     for path, step in state.steps.items():
@@ -206,6 +209,7 @@ def render_report(world: World, run_id: str, console: Console) -> MaterializedRu
             f"{u.output_tokens:,}",
             f"{u.cached_input_tokens:,}",
             f"{u.reasoning_tokens:,}",
+            *((f"{u.cache_write_tokens:,}",) if writes else ()),
             cost_text(u),
         )
     total = state.usage
@@ -218,6 +222,7 @@ def render_report(world: World, run_id: str, console: Console) -> MaterializedRu
         f"{total.output_tokens:,}",
         f"{total.cached_input_tokens:,}",
         f"{total.reasoning_tokens:,}",
+        *((f"{total.cache_write_tokens:,}",) if writes else ()),
         cost_text(total),
         style="bold",
     )
@@ -590,8 +595,9 @@ def _held(problem: str | None) -> str:
 def render_prices(prices: Sequence[ModelPriceSet], world_name: str, console: Console) -> None:
     """Print the prices recorded in the world ``world_name``, in the order they were recorded.
 
-    Prints one line saying so when there are none. ``=`` in the cached or
-    reasoning column: those tokens cost the same as the other input or output tokens.
+    Prints one line saying so when there are none. ``=`` in the cached, cache
+    write or reasoning column: those tokens cost the same as the other input or
+    output tokens. The cache write column appears when a price sets one.
     """
     if not prices:
         console.print(f"no prices recorded in world {escape(world_name)}")
@@ -603,6 +609,9 @@ def render_prices(prices: Sequence[ModelPriceSet], world_name: str, console: Con
     table.add_column("model", overflow="fold")
     table.add_column("input", justify="right", no_wrap=True)
     table.add_column("cached input", justify="right", no_wrap=True)
+    writes = any(p.cache_write_per_mtok is not None for p in prices)
+    if writes:
+        table.add_column("cache write", justify="right", no_wrap=True)
     table.add_column("output", justify="right", no_wrap=True)
     table.add_column("reasoning", justify="right", no_wrap=True)
     table.add_column("effective from", no_wrap=True)
@@ -612,6 +621,11 @@ def render_prices(prices: Sequence[ModelPriceSet], world_name: str, console: Con
             escape(p.model_id),
             f"{p.input_per_mtok:f}",
             "=" if p.cached_input_per_mtok is None else f"{p.cached_input_per_mtok:f}",
+            *(
+                ("=" if p.cache_write_per_mtok is None else f"{p.cache_write_per_mtok:f}",)
+                if writes
+                else ()
+            ),
             f"{p.output_per_mtok:f}",
             "=" if p.reasoning_per_mtok is None else f"{p.reasoning_per_mtok:f}",
             p.effective_from.isoformat(timespec="seconds"),

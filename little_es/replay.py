@@ -85,6 +85,9 @@ class ReplayResult(BaseModel):
         return freeze(orjson.loads(payload))
 
 
+_PLAN_FIELDS = set(ReplayPlanStep.model_fields)
+
+
 def replay_run(world: World, run_id: str) -> ReplayResult:
     """Fold ``run_id``'s log in ``world`` into a :class:`ReplayResult`.
 
@@ -99,7 +102,10 @@ def replay_run(world: World, run_id: str) -> ReplayResult:
         raise TypeError(f"replay_run needs a World (from open_world()), got {type(world).__name__}")
     state = read_run_state(world, run_id)
     steps = tuple(
-        ReplayPlanStep(
+        # The state is validated and frozen already: the plan shares its outputs
+        # rather than holding a validated copy of each.
+        ReplayPlanStep.model_construct(
+            _PLAN_FIELDS,
             step_path=path,
             status=step.status,
             should_run=step.status != "completed",

@@ -34,6 +34,7 @@ def sum_usage(totals: Sequence[UsageTotals]) -> UsageTotals:
         output_tokens=sum(t.output_tokens for t in totals),
         cached_input_tokens=sum(t.cached_input_tokens for t in totals),
         reasoning_tokens=sum(t.reasoning_tokens for t in totals),
+        cache_write_tokens=sum(t.cache_write_tokens for t in totals),
         cost_usd=None if none_priced else float(dollars(pusd)),
         cost_usd_exact=None if none_priced else dollars(pusd),
         unpriced_calls=unpriced,

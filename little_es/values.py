@@ -100,9 +100,12 @@ class ToolSpec(_Frozen):
 class Usage(_Frozen):
     """Token counts a provider reported for one model call.
 
-    ``input_tokens`` includes ``cached_input_tokens`` and ``output_tokens``
-    includes ``reasoning_tokens`` (OpenAI's convention, which the pricing
-    follows); a model adapter whose provider counts them apart adds them in.
+    ``input_tokens`` is the whole prompt: it includes ``cached_input_tokens``
+    (read from a prompt cache) and ``cache_write_tokens`` (written to it), and
+    ``output_tokens`` includes ``reasoning_tokens`` (OpenAI's convention, which
+    genai-prices and the pricing follow); a model adapter whose provider counts
+    them apart adds them in (Anthropic reports cache reads and writes outside
+    ``input_tokens``: :mod:`little_es.contrib.anthropic` sums the three).
 
     There is deliberately no cost field: dollars are computed from tokens by
     the pricing module at materialization time, never recorded. A payload that
@@ -113,13 +116,16 @@ class Usage(_Frozen):
     output_tokens: int = Field(default=0, ge=0)
     cached_input_tokens: int = Field(default=0, ge=0)
     reasoning_tokens: int = Field(default=0, ge=0)
+    cache_write_tokens: int = Field(default=0, ge=0)
+    """Prompt tokens written to the provider's cache (priced at its cache-write rate)."""
 
     @model_validator(mode="after")
     def _parts_within_totals(self) -> Usage:
-        if self.cached_input_tokens > self.input_tokens:
+        if self.cached_input_tokens + self.cache_write_tokens > self.input_tokens:
             raise ValueError(
-                f"cached_input_tokens ({self.cached_input_tokens}) exceeds input_tokens"
-                f" ({self.input_tokens}): input_tokens must include the cached ones"
+                f"cached_input_tokens ({self.cached_input_tokens}) plus cache_write_tokens"
+                f" ({self.cache_write_tokens}) exceeds input_tokens ({self.input_tokens}):"
+                " input_tokens must include the tokens read from and written to the cache"
             )
         if self.reasoning_tokens > self.output_tokens:
             raise ValueError(
@@ -244,6 +250,7 @@ class UsageTotals(BaseModel):
     output_tokens: int = 0
     cached_input_tokens: int = 0
     reasoning_tokens: int = 0
+    cache_write_tokens: int = 0
     cost_usd: float | None = 0.0
     """USD over the priced calls; None only when there were calls and none was priced."""
     cost_usd_exact: Decimal | None = Decimal(0)

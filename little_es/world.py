@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import heapq
+import logging
 import os
 import re
 import socket
@@ -534,6 +535,9 @@ def _check_own_run_event(event_class: object) -> None:
         )
 
 
+_log = logging.getLogger("little_es.world")
+
+
 class World:
     """Runs' event logs and artifacts in one place. Use as a context manager to close it.
 
@@ -571,6 +575,7 @@ class World:
         # The world's own stream is always chained; its record says whether others may not be.
         self._legacy = False
         self._unrecorded = False
+        self._listeners: list[Callable[[Sequence[Event]], None]] = []
         self._legacy = self._open_record()
         # The one-row readers (the projections) refuse an unframed row as a whole read does.
         self._mapper.unframed_allowed = self._legacy
@@ -708,6 +713,37 @@ class World:
                 self.backend.write_marker(aggregate.created.world_id)
         self._take_snapshots(batches)
         after_append(pending)
+        self._notify(pending)
+
+    def add_listener(self, listener: Callable[[Sequence[Event]], None]) -> Callable[[], None]:
+        """Call ``listener`` with the events of each commit of this world object, after it.
+
+        Returns a function that removes it. A listener is an observer (the spans of
+        :mod:`little_es.contrib.otel`): it runs in the committing thread, after the
+        commit, so nothing it does can undo or delay what was recorded; an exception it
+        raises is logged (``little_es.world``, with its traceback) and goes no further.
+        Commits of other world objects or processes are not seen: the log is where
+        they are (``read_run_log``).
+        """
+        self._listeners.append(listener)
+
+        def remove() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+        return remove
+
+    def _notify(self, events: Sequence[Event]) -> None:
+        for listener in tuple(self._listeners):
+            try:
+                listener(events)
+            except Exception:
+                _log.exception(
+                    "world %s: listener %r failed on a commit of %d events; the commit stands",
+                    self.name,
+                    listener,
+                    len(events),
+                )
 
     def _insert(
         self,
@@ -809,6 +845,7 @@ class World:
         output_per_mtok: float | Decimal,
         cached_input_per_mtok: float | Decimal | None = None,
         reasoning_per_mtok: float | Decimal | None = None,
+        cache_write_per_mtok: float | Decimal | None = None,
         effective_from: datetime | None = None,
     ) -> ModelPriceSet:
         """Record a model's price (USD per million tokens) in this world, for every process.
@@ -843,6 +880,9 @@ class World:
             reasoning_per_mtok=None
             if reasoning_per_mtok is None
             else checked_price("reasoning_per_mtok", reasoning_per_mtok),
+            cache_write_per_mtok=None
+            if cache_write_per_mtok is None
+            else checked_price("cache_write_per_mtok", cache_write_per_mtok),
             effective_from=utc_now() if effective_from is None else effective_from.astimezone(UTC),
         )
 

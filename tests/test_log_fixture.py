@@ -56,6 +56,11 @@ def test_a_verbose_log_folds_as_it_was_written(world_dir: Path) -> None:
     assert done.steps["finish"].next_step is not None
     assert done.steps["check[a.py]/lint"].step_id == "lint"
     assert (done.usage.input_tokens, done.usage.output_tokens) == (42, 7)
+    # Written before Usage had cache_write_tokens: it folds as no cache writes.
+    assert b"cache_write_tokens" not in FIXTURE.read_bytes()
+    assert done.usage.cache_write_tokens == 0
+    assert done.steps["plan"].usage.input_tokens == 42
+    assert done.steps["plan"].usage.cache_write_tokens == 0
     assert half.failed_step_path == "publish"
     assert half.steps["publish"].status == "failed"
 

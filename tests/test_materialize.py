@@ -163,6 +163,29 @@ def test_per_step_totals_from_the_event_or_the_session(mem: World) -> None:
     )
 
 
+def test_cache_writes_are_totalled_per_step_and_run_and_priced(mem: World) -> None:
+    writes = priced(input_tokens=3000, cached_input_tokens=1000, cache_write_tokens=1500)
+    w = RunWriter(mem, "run_cache_writes")
+    w.agent_step("a", [writes, priced()])
+    w.agent_step("b", [priced(input_tokens=2000, cache_write_tokens=2000)], complete=False)
+    log = mem.read_run_log("run_cache_writes")
+    state = _state(mem, "run_cache_writes")
+    assert state.steps["a"].usage.cache_write_tokens == 1500
+    assert state.steps["b"].usage.cache_write_tokens == 2000
+    assert (state.usage.cache_write_tokens, state.usage.cached_input_tokens) == (3500, 1000)
+    assert state.usage.cost_usd == pytest.approx(
+        _cost([writes, priced(), priced(input_tokens=2000, cache_write_tokens=2000)]), rel=1e-12
+    )
+    # Folding on from a frozen state keeps them.
+    fold = RunFold(price_usage_exact)
+    for event in log[:-2]:
+        apply(fold, event)
+    resumed = RunFold.from_state(fold.freeze(), price_usage_exact)
+    for event in log[-2:]:
+        apply(resumed, event)
+    assert resumed.freeze() == state
+
+
 def test_every_session_of_the_run_counts(mem: World) -> None:
     # A retried agent step opens a new session per attempt; both were paid for.
     w = RunWriter(mem, "run_retry")

@@ -198,6 +198,7 @@ def test_a_recorded_price_reads_back_exactly(world: World) -> None:
         output_per_mtok=0.1,
         cached_input_per_mtok=Decimal("0.05"),
         reasoning_per_mtok=Decimal("7"),
+        cache_write_per_mtok=Decimal("3.75"),
         effective_from=datetime(2026, 1, 1, 9, tzinfo=UTC),
     )
     (stored,) = world.read_stream(price_book_stream_id())
@@ -206,6 +207,7 @@ def test_a_recorded_price_reads_back_exactly(world: World) -> None:
     assert stored.output_per_mtok == Decimal("0.1")  # a float by its shortest decimal form
     assert stored.cached_input_per_mtok == Decimal("0.05")
     assert stored.reasoning_per_mtok == Decimal("7")
+    assert stored.cache_write_per_mtok == Decimal("3.75")
     assert stored.effective_from == datetime(2026, 1, 1, 9, tzinfo=UTC)
 
 
@@ -243,11 +245,39 @@ def test_a_price_set_by_one_process_is_used_by_little_report_in_another(tmp_path
     assert report.returncode == 0, report.stderr
     total = next(line for line in report.stdout.splitlines() if "total" in line)
     assert "$0.009000" in total and "unpriced" not in total
+    assert "cache write" not in report.stdout  # no call wrote to a prompt cache
 
     listed = _little("prices", "list", env_world=url)
     assert listed.returncode == 0, listed.stderr
     row = next(line for line in listed.stdout.splitlines() if "scripted-model" in line)
     assert row.split()[:6] == ["scripted", "scripted-model", "2.5", "=", "10", "="]
+
+
+def test_a_recorded_cache_write_price_prices_cache_writes_in_run_totals(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'world'}"
+    set_price = _little(
+        "prices", "set", *UNPRICED, "--input", "2", "--output", "10", "--cached-input", "0.2",
+        "--cache-write", "2.5", "--from", "2020-01-01", env_world=url,
+    )  # fmt: skip
+    assert set_price.returncode == 0, set_price.stderr
+    call = unpriced(input_tokens=1000, cached_input_tokens=400, cache_write_tokens=300)
+    with local_world(tmp_path / "world") as world:
+        RunWriter(world, "run_cache").agent_step("plan", [call, call])
+        usage = replay_run(world, "run_cache").state.usage
+    assert (usage.cached_input_tokens, usage.cache_write_tokens) == (800, 600)
+    # 2 x (300 x $2 + 400 x $0.2 + 300 x $2.5 + 200 x $10) / 1M
+    assert usage.cost_usd_exact == Decimal("0.00686")
+
+    listed = _little("prices", "list", env_world=url)
+    assert listed.returncode == 0, listed.stderr
+    assert "cache write" in listed.stdout
+    row = next(line for line in listed.stdout.splitlines() if "scripted-model" in line)
+    assert row.split()[:7] == ["scripted", "scripted-model", "2", "0.2", "2.5", "10", "="]
+    report = _little("report", "run_cache", env_world=url)
+    assert report.returncode == 0, report.stderr
+    assert "cache write" in report.stdout
+    total = next(line for line in report.stdout.splitlines() if "total" in line)
+    assert total.split()[-3:] == ["0", "600", "$0.006860"]
 
 
 def test_little_prices_set_refuses_what_is_not_a_price(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from little_es.pricing import (
     ModelInfo,
     get_model_info_for,
     price_usage,
+    price_usage_exact,
     register_model_price,
     unregister_model_price,
 )
@@ -65,6 +66,7 @@ def _genai_total(provider: str, model_id: str, usage: Usage) -> float:
     genai_usage = GenaiUsage(
         input_tokens=usage.input_tokens,
         cache_read_tokens=usage.cached_input_tokens,
+        cache_write_tokens=usage.cache_write_tokens,
         output_tokens=usage.output_tokens,
         output_reasoning_tokens=usage.reasoning_tokens,
     )
@@ -152,10 +154,19 @@ def test_reasoning_tokens_use_a_separate_rate_where_the_data_has_one() -> None:
     "usage",
     [
         Usage(input_tokens=1000, cached_input_tokens=300, output_tokens=500, reasoning_tokens=100),
+        # Cache writes: at the cache-write rate where the data has one, at the input rate else.
+        Usage(
+            input_tokens=1000,
+            cached_input_tokens=300,
+            cache_write_tokens=250,
+            output_tokens=500,
+            reasoning_tokens=100,
+        ),
         # Past the 200k-token long-context threshold some of these models charge more.
         Usage(
             input_tokens=250_000,
             cached_input_tokens=20_000,
+            cache_write_tokens=30_000,
             output_tokens=4000,
             reasoning_tokens=900,
         ),
@@ -167,6 +178,37 @@ def test_cost_equals_genai_prices_own_calculation(
     cost = price_usage(provider, model_id, usage)
 
     assert cost == pytest.approx(_genai_total(provider, model_id, usage), rel=1e-9)
+
+
+def test_anthropic_cache_reads_and_writes_are_charged_at_their_own_rates() -> None:
+    genai = _genai_price("anthropic", "claude-3-5-haiku")
+    info = get_model_info_for("anthropic", "claude-3-5-haiku")
+    assert info is not None
+    assert info.cache_write_per_mtok == _per_mtok(genai.cache_write_mtok)
+    assert info.cached_input_per_mtok == _per_mtok(genai.cache_read_mtok)
+    # Anthropic's prices: a cache write costs more than plain input, a read less.
+    assert info.cached_input_per_mtok < info.input_per_mtok < info.cache_write_per_mtok
+    usage = Usage(
+        input_tokens=10_000, cached_input_tokens=6_000, cache_write_tokens=3_000, output_tokens=500
+    )
+
+    cost = price_usage_exact("anthropic", "claude-3-5-haiku", usage)
+
+    rates = {k: Decimal(str(v)) for k, v in info.model_dump().items() if "mtok" in k and v}
+    expected = (
+        6_000 * rates["cached_input_per_mtok"]
+        + 3_000 * rates["cache_write_per_mtok"]
+        + 1_000 * rates["input_per_mtok"]
+        + 500 * rates["output_per_mtok"]
+    ) / 1_000_000
+    assert cost == expected
+    # Were the writes priced as plain input, the call would cost less.
+    as_input = price_usage_exact(
+        "anthropic",
+        "claude-3-5-haiku",
+        Usage(input_tokens=10_000, cached_input_tokens=6_000, output_tokens=500),
+    )
+    assert as_input is not None and cost is not None and as_input < cost
 
 
 def test_long_context_tier_applies_to_every_token_of_the_call() -> None:
@@ -216,6 +258,7 @@ def test_register_prices_an_unknown_model(register: Register) -> None:
         output_per_mtok=4.0,
         cached_input_per_mtok=0.5,
         reasoning_per_mtok=2.0,
+        cache_write_per_mtok=1.25,
     )
 
     assert get_model_info_for("scripted", "scripted-model") == info
@@ -226,11 +269,16 @@ def test_register_prices_an_unknown_model(register: Register) -> None:
         output_per_mtok=4.0,
         cached_input_per_mtok=0.5,
         reasoning_per_mtok=2.0,
+        cache_write_per_mtok=1.25,
     )
     usage = Usage(
-        input_tokens=1000, cached_input_tokens=200, output_tokens=300, reasoning_tokens=100
+        input_tokens=1000,
+        cached_input_tokens=200,
+        cache_write_tokens=100,
+        output_tokens=300,
+        reasoning_tokens=100,
     )
-    expected = (800 * 1.0 + 200 * 0.5 + 200 * 4.0 + 100 * 2.0) / 1_000_000
+    expected = (700 * 1.0 + 200 * 0.5 + 100 * 1.25 + 200 * 4.0 + 100 * 2.0) / 1_000_000
     assert price_usage("scripted", "scripted-model", usage) == pytest.approx(expected, rel=1e-12)
 
 
@@ -239,7 +287,11 @@ def test_registered_cached_and_reasoning_default_to_input_and_output_rates(
 ) -> None:
     register("scripted", "plain", input_per_mtok=2, output_per_mtok=8)
     usage = Usage(
-        input_tokens=1000, cached_input_tokens=500, output_tokens=100, reasoning_tokens=50
+        input_tokens=1000,
+        cached_input_tokens=500,
+        cache_write_tokens=300,
+        output_tokens=100,
+        reasoning_tokens=50,
     )
 
     cost = price_usage("scripted", "plain", usage)
@@ -305,14 +357,20 @@ def test_lookups_refuse_malformed_names(provider: Any, model_id: Any) -> None:
         register_model_price(provider, model_id, input_per_mtok=1, output_per_mtok=1)
 
 
-_PRICE_FIELDS = ("input_per_mtok", "output_per_mtok", "cached_input_per_mtok", "reasoning_per_mtok")
+_PRICE_FIELDS = (
+    "input_per_mtok",
+    "output_per_mtok",
+    "cached_input_per_mtok",
+    "reasoning_per_mtok",
+    "cache_write_per_mtok",
+)
 _BAD_PRICES = (-0.01, math.nan, math.inf, True, "1.0")
 
 
 @pytest.mark.parametrize(
     ("field", "bad"),
     [(field, bad) for field in _PRICE_FIELDS for bad in _BAD_PRICES]
-    # None means "same as input/output" for the optional two, so only the required ones refuse it.
+    # None means "same as input/output" for the optional ones, so only the required ones refuse it.
     + [("input_per_mtok", None), ("output_per_mtok", None)],
 )
 def test_register_refuses_bad_prices(field: str, bad: Any) -> None:
@@ -330,8 +388,12 @@ def test_pricing_error_is_a_little_es_value_error() -> None:
 
 
 def test_usage_that_breaks_the_token_convention_is_refused_when_recorded() -> None:
-    with pytest.raises(pydantic.ValidationError, match="input_tokens must include the cached"):
+    with pytest.raises(pydantic.ValidationError, match="input_tokens must include the tokens"):
         Usage(input_tokens=10, cached_input_tokens=11)
+    # Reads and writes are both parts of input_tokens, so together they fit in it.
+    with pytest.raises(pydantic.ValidationError, match=r"plus cache_write_tokens \(5\) exceeds"):
+        Usage(input_tokens=10, cached_input_tokens=6, cache_write_tokens=5)
+    assert Usage(input_tokens=10, cached_input_tokens=5, cache_write_tokens=5).input_tokens == 10
     with pytest.raises(pydantic.ValidationError, match="output_tokens must include the reason"):
         Usage(output_tokens=10, reasoning_tokens=11)
     with pytest.raises(PricingError, match="usage must be a little_es Usage"):

@@ -33,7 +33,7 @@ from little_es.testing.logs import (
     unpriced,
     write_agent_run,
 )
-from little_es.values import Usage
+from little_es.values import Usage, UsageTotals
 from little_es.world import World
 
 # ---------------------------------------------------------------- determinism
@@ -104,6 +104,14 @@ def test_every_part_of_a_result_refuses_mutation(replayed: ReplayResult, what: s
     with pytest.raises((TypeError, AttributeError, ValidationError)):
         _MUTATIONS[what](replayed)
     assert replayed.model_dump() == snapshot
+
+
+def test_the_plan_shares_the_states_outputs(replayed: ReplayResult) -> None:
+    # One copy of each output in a result: a replay of a long run holds every output.
+    plan = {step.step_path: step for step in replayed.steps}
+    assert plan["collect"].output is replayed.state.steps["collect"].output
+    assert replayed.state.steps["next"].usage == UsageTotals()
+    assert replayed.state.steps["think"].usage.calls == 1
 
 
 # ---------------------------------------------------------------- the plan

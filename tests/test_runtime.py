@@ -490,6 +490,34 @@ async def test_sync_and_async_step_functions(world: World) -> None:
     }
 
 
+@pytest.mark.backends("memory")
+async def test_run_in_thread_false_calls_a_sync_fn_on_the_event_loop(world: World) -> None:
+    loop_thread = threading.get_ident()
+    threads: dict[str, int] = {}
+
+    def where(ctx: StepContext) -> str:
+        threads[ctx.step_path] = threading.get_ident()
+        return ctx.step_path
+
+    def route(ctx: StepContext) -> str:
+        threads[ctx.step_path] = threading.get_ident()
+        return END
+
+    wf = Workflow(
+        "threads",
+        steps=[
+            task("hop", where),
+            task("inline", where, run_in_thread=False),
+            decision("route", route, run_in_thread=False),
+        ],
+    )
+    result = await run_workflow(world, wf, {}, run_id="run_threads")
+    assert result.steps_executed == 3
+    assert threads["hop"] != loop_thread
+    assert threads["inline"] == loop_thread
+    assert threads["route"] == loop_thread
+
+
 async def test_step_context_holds_the_run_data_and_the_execution(world: World) -> None:
     contexts: dict[str, StepContext] = {}
     refusals: list[str] = []

@@ -303,6 +303,8 @@ def test_step_id_error_names_path_syntax() -> None:
         (lambda: _task("t", fetch_ticket, max_visits=True), "max_visits"),
         (lambda: _decision("d", choose_next, max_visits="3"), "max_visits"),
         (lambda: _task("t", fetch_ticket, retry={"max_attempts": 3}), "RetryPolicy"),
+        (lambda: _task("t", fetch_ticket, run_in_thread=1), "run_in_thread must be True or"),
+        (lambda: _decision("d", choose_next, run_in_thread=None), "run_in_thread"),
         (
             lambda: _parallel(
                 "outer",
@@ -463,6 +465,16 @@ def test_same_definition_gives_same_hash() -> None:
     assert build_triage().ir_hash == build_triage().ir_hash
     assert build_triage().ir == build_triage().ir
     assert len(build_triage().ir_hash) == 64
+
+
+def test_run_in_thread_is_not_part_of_the_ir() -> None:
+    # It changes where the code runs, never what is recorded: flipping it on a
+    # recorded run is not drift.
+    on_loop = build_triage(
+        fetch=task("fetch", fetch_ticket, run_in_thread=False),
+        review=decision("review", choose_next, max_visits=3, run_in_thread=False),
+    )
+    assert on_loop.ir_hash == build_triage().ir_hash
 
 
 @pytest.mark.parametrize(

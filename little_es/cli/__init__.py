@@ -21,7 +21,8 @@ plugins' in :func:`_register_plugins`:
   (:mod:`little_es.cli.prices`);
 * commands of optional extras, found through the entry point group
   :data:`PLUGIN_GROUP`: ``little worker`` comes from the Temporal adapter
-  (``little_es_temporal.cli``). When an extra is not installed its commands
+  (``little_es_temporal.cli``), ``little trace`` from the ``otel`` extra
+  (:mod:`little_es.contrib.otel_cli`). When an extra is not installed its commands
   still exist and fail in one line that says what to install.
 
 Every command takes ``--world URL`` (``sqlite:///dir``, ``postgresql://...``,
@@ -57,7 +58,7 @@ __all__ = ["OPTIONAL_COMMANDS", "PLUGIN_GROUP", "app"]
 PLUGIN_GROUP = "little_es.cli"
 """The entry point group whose ``register(app)`` functions add commands to ``little``."""
 
-OPTIONAL_COMMANDS: Mapping[str, str] = MappingProxyType({"worker": "temporal"})
+OPTIONAL_COMMANDS: Mapping[str, str] = MappingProxyType({"worker": "temporal", "trace": "otel"})
 """Commands that come from an optional extra, by name: the extra (and its entry point name)."""
 
 

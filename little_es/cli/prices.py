@@ -71,6 +71,13 @@ def set_command(
             "--cached-input", help="USD per million cached input tokens [default: --input]."
         ),
     ] = None,
+    cache_write_per_mtok: Annotated[
+        str | None,
+        typer.Option(
+            "--cache-write",
+            help="USD per million tokens written to the prompt cache [default: --input].",
+        ),
+    ] = None,
     reasoning_per_mtok: Annotated[
         str | None,
         typer.Option("--reasoning", help="USD per million reasoning tokens [default: --output]."),
@@ -96,6 +103,7 @@ def set_command(
             output_per_mtok=output_price,
             cached_input_per_mtok=_price("cached-input", cached_input_per_mtok),
             reasoning_per_mtok=_price("reasoning", reasoning_per_mtok),
+            cache_write_per_mtok=_price("cache-write", cache_write_per_mtok),
             effective_from=_moment(effective_from),
         )
         name = w.name

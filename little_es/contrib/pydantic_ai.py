@@ -544,6 +544,7 @@ def _to_response(live: _pm.ModelResponse, model: _ModelDescriptor) -> ModelRespo
             output_tokens=usage.output_tokens,
             cached_input_tokens=usage.cache_read_tokens,
             reasoning_tokens=usage.output_reasoning_tokens,
+            cache_write_tokens=usage.cache_write_tokens,
         ),
         provider=model.provider,
         model=live.model_name or model.model_id,
@@ -566,6 +567,7 @@ def _from_response(response: ModelResponse, timestamp: Any) -> _pm.ModelResponse
             output_tokens=usage.output_tokens,
             cache_read_tokens=usage.cached_input_tokens,
             output_reasoning_tokens=usage.reasoning_tokens,
+            cache_write_tokens=usage.cache_write_tokens,
         ),
         model_name=response.model,
         timestamp=timestamp,
@@ -579,4 +581,5 @@ def _sum_usage(usages: Sequence[Usage]) -> Usage:
         output_tokens=sum(u.output_tokens for u in usages),
         cached_input_tokens=sum(u.cached_input_tokens for u in usages),
         reasoning_tokens=sum(u.reasoning_tokens for u in usages),
+        cache_write_tokens=sum(u.cache_write_tokens for u in usages),
     )

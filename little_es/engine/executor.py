@@ -224,11 +224,12 @@ def check_engine(workflow: Workflow, engine: str) -> None:
     walk(workflow)
 
 
-async def call_maybe_async(fn: Callable[..., Any], *args: Any) -> Any:
-    """Call a user function, sync (in a worker thread) or async, and await what it returns."""
+async def call_maybe_async(fn: Callable[..., Any], *args: Any, in_thread: bool = True) -> Any:
+    """Call a user function, sync (in a worker thread unless ``in_thread`` is False) or
+    async, and await what it returns."""
     if inspect.iscoroutinefunction(fn):
         return await fn(*args)
-    result = await asyncio.to_thread(fn, *args)
+    result = await asyncio.to_thread(fn, *args) if in_thread else fn(*args)
     if inspect.isawaitable(result):
         return await result
     return result
@@ -284,7 +285,7 @@ async def execute_step(world: World, step: CodeStep, ctx: StepContext) -> Any:
             max_turns=step.max_turns,
         )
         return outcome.output
-    return await call_maybe_async(step.fn, ctx)
+    return await call_maybe_async(step.fn, ctx, in_thread=step.run_in_thread)
 
 
 def outputs_from_fold(world: World, fold: RunFold) -> dict[str, Any]:
@@ -405,6 +406,7 @@ class BudgetTracker:
         self._output = base.output_tokens
         self._cached = base.cached_input_tokens
         self._reasoning = base.reasoning_tokens
+        self._cache_write = base.cache_write_tokens
         self._calls = base.calls
         self._unpriced = base.unpriced_calls
         exact = base.cost_usd_exact
@@ -420,6 +422,7 @@ class BudgetTracker:
         self._output += usage.output_tokens
         self._cached += usage.cached_input_tokens
         self._reasoning += usage.reasoning_tokens
+        self._cache_write += usage.cache_write_tokens
         self._calls += 1
         if pusd is None:
             self._unpriced += 1
@@ -436,6 +439,7 @@ class BudgetTracker:
             output_tokens=self._output,
             cached_input_tokens=self._cached,
             reasoning_tokens=self._reasoning,
+            cache_write_tokens=self._cache_write,
             cost_usd=None if none_priced else float(dollars(self._pusd)),
             cost_usd_exact=None if none_priced else dollars(self._pusd),
             unpriced_calls=self._unpriced,

@@ -599,6 +599,7 @@ def _sum_usage(usages: Sequence[Usage]) -> Usage:
         output_tokens=sum(u.output_tokens for u in usages),
         cached_input_tokens=sum(u.cached_input_tokens for u in usages),
         reasoning_tokens=sum(u.reasoning_tokens for u in usages),
+        cache_write_tokens=sum(u.cache_write_tokens for u in usages),
     )
 
 

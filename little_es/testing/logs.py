@@ -102,6 +102,7 @@ class Call:
     output_tokens: int = 200
     cached_input_tokens: int = 0
     reasoning_tokens: int = 0
+    cache_write_tokens: int = 0
     tool_calls: int = 0
     """How many tool calls this turn asks for (each is started and succeeds)."""
     failed_tool_calls: int = 0
@@ -117,6 +118,7 @@ class Call:
             output_tokens=self.output_tokens,
             cached_input_tokens=self.cached_input_tokens,
             reasoning_tokens=self.reasoning_tokens,
+            cache_write_tokens=self.cache_write_tokens,
         )
 
 
@@ -281,6 +283,7 @@ class RunWriter:
                 output_tokens=total.output_tokens + call.output_tokens,
                 cached_input_tokens=total.cached_input_tokens + call.cached_input_tokens,
                 reasoning_tokens=total.reasoning_tokens + call.reasoning_tokens,
+                cache_write_tokens=total.cache_write_tokens + call.cache_write_tokens,
             )
         if not complete:
             if end_in_flight:

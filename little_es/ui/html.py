@@ -328,7 +328,8 @@ def _turn(call: ModelCall, anchor: str) -> str:
     return (
         f'<tr class="turn"><td class=n>{call.turn}</td><td>{esc(model)}{again}</td>'
         f'<td class="n">{esc(duration_text(call.called_at, call.responded_at))}</td>'
-        f'<td class="n">{esc(_tokens(u))}</td><td class="n">{u.cached_input_tokens:,}</td>'
+        f'<td class="n">{esc(_tokens(u))}</td>'
+        f'<td class="n">{u.cached_input_tokens:,} / {u.cache_write_tokens:,}</td>'
         f'<td class="n">{esc(cost_text(u)) if u.calls else ""}</td><td>'
         f'<details class="model-call" id="{esc(anchor)}"><summary>model call: '
         f"{len(call.messages)} new messages sent</summary>{_json(messages)}{answer}</details>"
@@ -345,7 +346,8 @@ def _sessions(page: RunPage) -> str:
             f"<h3>agent {esc(s.step_path)} · attempt {s.attempt}"
             f' <span class="muted">session {esc(str(s.session_id)[:8])}</span></h3>'
             "<table><thead><tr><th class=n>turn</th><th>model</th><th class=n>took</th>"
-            '<th class="n">tokens in / out</th><th class="n">cached</th><th class="n">cost</th>'
+            '<th class="n">tokens in / out</th><th class="n">cache read / written</th>'
+            '<th class="n">cost</th>'
             f"<th>calls</th></tr></thead><tbody>{turns}</tbody></table></section>"
         )
     return "".join(parts)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections import Counter
 from typing import Any, Literal
 
 import orjson
@@ -258,8 +259,8 @@ class WorkflowIR(_Frozen):
     @classmethod
     def _unique_ids(cls, steps: tuple[StepIR, ...]) -> tuple[StepIR, ...]:
         # Unique across branch steps too, so an id alone names one step.
-        ids = [s.id for top in steps for s in top.walk()]
-        duplicates = sorted({i for i in ids if ids.count(i) > 1})
+        counts = Counter(s.id for top in steps for s in top.walk())
+        duplicates = sorted(i for i, n in counts.items() if n > 1)
         if duplicates:
             raise ValueError(f"step ids must be unique in a workflow: {duplicates}")
         return steps
