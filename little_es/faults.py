@@ -38,6 +38,7 @@ CRASH_BEFORE_EVENT = "LITTLE_ES_CRASH_BEFORE_EVENT"
 CRASH_DURING_VIEW_WRITE = "LITTLE_ES_CRASH_DURING_VIEW_WRITE"
 
 _view_writes = 0
+_appends = 0
 
 
 @dataclass
@@ -94,8 +95,19 @@ def before_append(events: Sequence[object]) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def appends() -> int:
+    """The append transactions this process committed so far (its worlds' together).
+
+    What ``LITTLE_ES_CRASH_AFTER_APPENDS`` counts: a crash test reads it from an
+    uninterrupted run to know every kill point (a commit may hold several events).
+    """
+    return _appends
+
+
 def after_append(events: Sequence[object]) -> None:
     """Called by the world after each committed append; kills the process if planned."""
+    global _appends
+    _appends += 1
     plan = _plan()
     if plan is None:
         return
