@@ -9,8 +9,10 @@ by calling :class:`RunRecorder`:
    with the same attempt number (for an agent step: the same harness session,
    which fast-forwards; see :mod:`little_es.harness.session`).
 3. ``StepCompleted`` (the output, or an :class:`~little_es.values.ArtifactRef`
-   when the output is large, whose bytes are stored first) is committed as soon
-   as the step returns. Once committed the step never runs again.
+   when the output is large, whose bytes are stored first) is committed once the
+   step returns, before anything can read it (on the local engine in the commit
+   of the run's next record: "One commit per step" below). Once committed the
+   step never runs again.
 4. ``StepFailed`` records each failed attempt and whether another follows;
    ``RunFailed`` records that retries ran out (a failed run can be resumed).
 5. ``ParallelBranchScheduled`` is committed before any branch of a group runs,
