@@ -50,11 +50,10 @@ from typing import Any, cast
 
 import orjson
 
-from little_es import faults
 from little_es.cli.run import load_workflow
 from little_es.engine.local import run_workflow
 from little_es.errors import ConcurrentRunError
-from little_es.faults import CRASH_AFTER_APPENDS, CRASH_AFTER_EVENT
+from little_es.faults import CRASH_AFTER_APPENDS, CRASH_AFTER_EVENT, appends
 from little_es.values import JSONValue
 from little_es.workflow.authoring import Workflow
 from little_es.world import World, open_world
@@ -256,7 +255,7 @@ def drive(world: World, workflow: Workflow, input: JSONValue, run_id: str) -> in
         "output": result.output,
         "steps_executed": result.steps_executed,
         "resumed": result.resumed,
-        "appends": faults.appends(),
+        "appends": appends(),
     }
     print(RESULT_PREFIX + orjson.dumps(summary).decode(), flush=True)
     return 0
