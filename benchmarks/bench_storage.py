@@ -14,7 +14,9 @@ some tool calls):
   write-ahead, then ``StepCompleted``, a result) through ``World.save``, beside a
   floor measured in the same run: two plain ``INSERT`` + ``COMMIT`` of rows of
   the same size into a table of the same database, through the bare driver
-  (``sqlite3`` with the world's pragmas / ``psycopg`` / ``pymysql``);
+  (``sqlite3`` with the world's pragmas / ``psycopg`` / ``pymysql``); and of the
+  one commit a sequential step costs on the local engine (its ``StepCompleted``
+  with the next step's ``StepStarted``), beside one such ``INSERT`` + ``COMMIT``;
 * append batch: events/s of ``World.save`` over ``--events`` events, ``--batch``
   per save (encoding and writing; building the events is timed apart);
 * read_stream: events/s of ``World.read_stream`` of that stream (decoded and
@@ -414,18 +416,24 @@ class MySQLBackend(Backend):
             cur.execute(f"DROP DATABASE IF EXISTS `{self.database}`")
 
 
-def _steps(world: World, backend: Backend, samples: int) -> tuple[float, float]:
-    """Median ms of a task step's two commits, and of two plain INSERT + COMMIT of such rows."""
-    run = Run("run_bench_steps", price_usage_exact)
+def _started_run(world: World, run_id: str) -> Run:
+    run = Run(run_id, price_usage_exact)
     run.trigger(
         RunStarted,
-        run_id="run_bench_steps",
+        run_id=run_id,
         workflow_id="bench",
         workflow_version="1",
         ir_hash="f" * 64,
         input={},
     )
     world.save(run)
+    return run
+
+
+def _steps(world: World, backend: Backend, samples: int) -> tuple[float, float, float, float]:
+    """Median ms of a task step's two commits, of a step's one commit (its StepCompleted with
+    the next StepStarted), and of two and one plain INSERT + COMMIT of such rows."""
+    run = _started_run(world, "run_bench_steps")
     step_times: list[float] = []
     for i in range(samples):
         path = f"s{i}"
@@ -437,16 +445,39 @@ def _steps(world: World, backend: Backend, samples: int) -> tuple[float, float]:
         )
         world.save(run)
         step_times.append(time.perf_counter() - start)
+    one = _started_run(world, "run_bench_one_commit")
+    one.trigger(StepStarted, step_path="s0", step_id="s0", kind="task", visit=1, attempt=1)
+    world.save(one)
+    one_times: list[float] = []
+    for i in range(samples):
+        path, following = f"s{i}", f"s{i + 1}"
+        start = time.perf_counter()
+        one.trigger(
+            StepCompleted, step_path=path, step_id=path, visit=1, attempt=1, output={"i": i}
+        )
+        one.trigger(
+            StepStarted, step_path=following, step_id=following, kind="task", visit=1, attempt=1
+        )
+        world.save(one)
+        one_times.append(time.perf_counter() - start)
     rows = world.select_stored(run.id)
     row = os.urandom(int(statistics.fmean(len(r.state) for r in rows)))
     insert = backend.commit_floor(row)
     floor_times: list[float] = []
+    floor_one: list[float] = []
     for _ in range(samples):
         start = time.perf_counter()
         insert()
+        middle = time.perf_counter()
         insert()
         floor_times.append(time.perf_counter() - start)
-    return statistics.median(step_times) * 1000, statistics.median(floor_times) * 1000
+        floor_one.append(middle - start)
+    return (
+        statistics.median(step_times) * 1000,
+        statistics.median(one_times) * 1000,
+        statistics.median(floor_times) * 1000,
+        statistics.median(floor_one) * 1000,
+    )
 
 
 def _best(repeat: int, fn: Callable[[], int]) -> tuple[float, int]:
@@ -493,7 +524,9 @@ def measure(
             times = samples[write_ahead]
             out[f"{key}_median_ms"] = statistics.median(times) * 1000
             out[f"{key}_p95_ms"] = statistics.quantiles(times, n=20)[-1] * 1000
-        out["step_ms"], out["floor_ms"] = _steps(world, backend, single)
+        out["step_ms"], out["one_ms"], out["floor_ms"], out["floor1_ms"] = _steps(
+            world, backend, single
+        )
 
         # Batches of ``batch`` events per save, into one long stream.
         session = open_session(RUN_ID, "long")
@@ -544,6 +577,8 @@ def _table(results: dict[str, dict[str, Any]], batch: int, single: int) -> str:
         ),
         (f"a task step's two commits, median [{single}]", "{step_ms:.2f} ms"),
         ("  floor: 2 x bare INSERT + COMMIT", "{floor_ms:.2f} ms"),
+        (f"a step's one commit (local engine) [{single}]", "{one_ms:.2f} ms"),
+        ("  floor: 1 x bare INSERT + COMMIT", "{floor1_ms:.2f} ms"),
         (f"append, {batch} events per save", "{append_eps:,.0f} ev/s"),
         ("  (building the events, apart)", "{build_eps:,.0f} ev/s"),
         ("read_stream, decoded + validated", "{read_eps:,.0f} ev/s"),
@@ -643,6 +678,14 @@ def _figures(figures: Figures, name: str, r: dict[str, Any], batch: int, single:
         "ms",
         baseline=r["floor_ms"],
         baseline_what="two bare INSERT + COMMIT of rows that size, same database",
+    )
+    figures.add(
+        f"{name}: a step's one commit on the local engine (its StepCompleted with the next"
+        f" StepStarted), median of {single}",
+        r["one_ms"],
+        "ms",
+        baseline=r["floor1_ms"],
+        baseline_what="one bare INSERT + COMMIT of a row that size, same database",
     )
     figures.add(
         f"{name}: append {r['events']:,} events, {batch} per transaction", r["append_eps"], "ev/s"

@@ -9,8 +9,10 @@ by calling :class:`RunRecorder`:
    with the same attempt number (for an agent step: the same harness session,
    which fast-forwards; see :mod:`little_es.harness.session`).
 3. ``StepCompleted`` (the output, or an :class:`~little_es.values.ArtifactRef`
-   when the output is large, whose bytes are stored first) is committed as soon
-   as the step returns. Once committed the step never runs again.
+   when the output is large, whose bytes are stored first) is committed once the
+   step returns, before anything can read it (on the local engine in the commit
+   of the run's next record: "One commit per step" below). Once committed the
+   step never runs again.
 4. ``StepFailed`` records each failed attempt and whether another follows;
    ``RunFailed`` records that retries ran out (a failed run can be resumed).
 5. ``ParallelBranchScheduled`` is committed before any branch of a group runs,
@@ -51,6 +53,36 @@ result makes happen anyway. Logs are written in order, so the fsync of the
 next result makes every earlier record durable with it, and a killed process
 loses no committed record at all (see
 :attr:`~little_es.events.Event.write_ahead`).
+
+One commit per step: the local engine holds back a top-level step's
+``StepCompleted`` (:meth:`RunRecorder.step_completed` with ``hold``: triggered,
+so the run's fold shows the step completed, but not saved) and commits it in
+the transaction of the run's next record: the next step's write-ahead
+``StepStarted`` (or a group's), ``RunCompleted``, ``StepFailed``... So a
+sequential step costs one fsynced commit, not two. The write-ahead guarantee
+holds because nothing can act on the held result before that commit: between
+a step's return and the next record the engine runs no user code and does not
+wait (it only walks to the next step), and it commits what it holds
+(:meth:`RunRecorder.flush`) before any code could run or the process could
+wait or stop: before a step's code (every attempt), a group's
+``branches(ctx)``, a retry's backoff, a look for other writers' appends
+(:meth:`RunRecorder.refresh`) and whenever the walk ends with an error. The
+next step's code, the only reader of the result, runs after the commit that
+carries both records, and ``StepStarted`` is still committed before its step's
+code. A crash before that commit loses the result of a step whose code
+returned, which is the crash before ``StepCompleted`` every step risks anyway:
+the step is in flight and runs again as the same attempt on resume; a crash
+after it finds both. A commit that loses the version check to another writer
+(a ``RunCancelled``) reloads the stream and triggers the held events again on
+it, after the other writer's (:meth:`RunRecorder.reload`), so a held result is
+never dropped: it is committed after the cancel, as a ``StepCompleted`` that
+loses its own race to a cancel is. Not held: a ``StepCompleted`` with the
+step's domain-aggregate changes (they are committed with it, exactly when it
+is), a parallel branch's (other branches run their code meanwhile, and a
+branch's result must not wait for theirs), and every one the Temporal adapter
+writes: it writes from activities, and an event held in one would be lost at
+the activity's boundary, as the next record is written by another activity,
+maybe on another worker.
 """
 
 from __future__ import annotations
@@ -178,6 +210,9 @@ class RunRecorder:
         self.world = world
         self.run = run
         self._observer = observer
+        # Triggered on ``run`` (its fold shows them) and saved by the next commit:
+        # the class and fields of each, to trigger it again on a reloaded stream.
+        self._held: list[tuple[type[Event], dict[str, Any], Event]] = []
 
     @property
     def run_id(self) -> str:
@@ -239,6 +274,8 @@ class RunRecorder:
         Costs one indexed query when nothing was appended; the stream is read
         (and verified) only when something was.
         """
+        # The stream's stored version is the aggregate's only once nothing is held.
+        self.flush()
         if not self.world.has_events_after(self.run.id, self.run.version):
             return False
         self.world.catch_up(self.run)
@@ -246,8 +283,27 @@ class RunRecorder:
 
     def reload(self) -> None:
         """Load the run's stream afresh, after an append of this recorder lost the version
-        check (its aggregate may hold the event that was not saved)."""
+        check (its aggregate may hold the event that was not saved).
+
+        The events it holds (:meth:`step_completed` with ``hold``) are triggered again on
+        the fresh stream, after what the other writer appended: still held, they are
+        saved by the next commit.
+        """
         self.run = self.world.load_run(self.run_id)
+        held, self._held = self._held, []
+        for event_class, fields, _ in held:
+            self._held.append((event_class, fields, self.run.trigger(event_class, **fields)))
+
+    @property
+    def holding(self) -> bool:
+        """Whether an event is triggered and not yet committed (see :meth:`flush`)."""
+        return bool(self._held)
+
+    def flush(self) -> None:
+        """Commit the events held back (a ``StepCompleted`` with ``hold``), if any."""
+        if self._held:
+            check_leases()
+            self._save(())
 
     def _store_output(self, step_path: str, output: Any) -> tuple[Any, ArtifactRef | None]:
         """The output as read back from JSON, and its artifact when too large to inline."""
@@ -260,15 +316,33 @@ class RunRecorder:
         return read_back, output_ref
 
     def _commit(
-        self, event_class: type[Event], *, also: Sequence[DomainStream] = (), **fields: Any
+        self,
+        event_class: type[Event],
+        *,
+        also: Sequence[DomainStream] = (),
+        hold: bool = False,
+        **fields: Any,
     ) -> None:
         # A driver that lost its lease appends nothing more (the version check
         # fences the moment between this check and the commit).
         check_leases()
         event = self.run.trigger(event_class, **fields)
+        if hold:
+            self._held.append((event_class, fields, event))
+            return
+        self._save(also, event)
+
+    def _save(self, also: Sequence[DomainStream], event: Event | None = None) -> None:
+        # One transaction for the held events and the new one (eventsourcing saves
+        # every pending event of the aggregate); the observer hears of each once it
+        # is committed, in the log's order.
         self.world.save(self.run, *also)
+        held, self._held = self._held, []
         if self._observer is not None:
-            self._observer(event)
+            for _, _, committed in held:
+                self._observer(committed)
+            if event is not None:
+                self._observer(event)
 
     def step_started(
         self,
@@ -302,6 +376,7 @@ class RunRecorder:
         artifact_refs: Sequence[ArtifactRef] = (),
         next_step: str | None = None,
         aggregates: Sequence[DomainStream] = (),
+        hold: bool = False,
     ) -> Any:
         """Commit ``StepCompleted``; return the output as a replay will read it back.
 
@@ -310,6 +385,10 @@ class RunRecorder:
         new events of the step's domain aggregates (:mod:`little_es.aggregates`),
         appended in the same transaction: the step's effect on them is committed
         exactly when the step is.
+
+        With ``hold`` (ignored with ``aggregates``) the event is triggered (the fold shows
+        the step completed) and committed by this recorder's next commit, or by
+        :meth:`flush`: see "One commit per step" in this module.
         """
         inline, output_ref = self._store_output(step_path, output)
         self._commit(
@@ -323,6 +402,8 @@ class RunRecorder:
             artifact_refs=tuple(artifact_refs),
             next_step=next_step,
             also=aggregates,
+            # The step's aggregate changes are committed with it, never held.
+            hold=hold and not aggregates,
         )
         return inline
 

@@ -10,6 +10,9 @@ read once, when the first world of the process saves):
     SIGKILL right after the append that committed the first event with this
     wire name whose fields match, e.g. ``harness.model.called:turn=3`` or
     ``harness.tool_call.started:call_id=c42`` or ``StepCompleted:step_path=fetch``.
+    Everything that append committed is in the log: on the local engine a
+    sequential step's ``StepCompleted`` is committed with the next step's
+    ``StepStarted`` (:mod:`little_es.durability`, "One commit per step").
 
 ``LITTLE_ES_CRASH_DURING_VIEW_WRITE=N``
     SIGKILL during the Nth write of an outer loop's view file, after its
@@ -18,7 +21,11 @@ read once, when the first world of the process saves):
 ``LITTLE_ES_CRASH_BEFORE_EVENT=wire_name[:field=value[,field=value...]]``
     SIGKILL right *before* the append that would commit the first such event:
     e.g. ``StepCompleted:step_path=resolve`` kills a step after its code ran (and
-    changed its aggregates, :mod:`little_es.aggregates`) but before its commit.
+    changed its aggregates, :mod:`little_es.aggregates`) but before its commit,
+    and so before the next step's ``StepStarted`` committed with it.
+
+Both count and match per append transaction, which may hold several events
+(:func:`appends`).
 
 The kill is a real ``SIGKILL``: no ``finally`` block, no atexit handler and no
 buffered write of this process runs after it, exactly like a crash.
@@ -38,6 +45,7 @@ CRASH_BEFORE_EVENT = "LITTLE_ES_CRASH_BEFORE_EVENT"
 CRASH_DURING_VIEW_WRITE = "LITTLE_ES_CRASH_DURING_VIEW_WRITE"
 
 _view_writes = 0
+_appends = 0
 
 
 @dataclass
@@ -94,8 +102,19 @@ def before_append(events: Sequence[object]) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def appends() -> int:
+    """The append transactions this process committed so far (its worlds' together).
+
+    What ``LITTLE_ES_CRASH_AFTER_APPENDS`` counts: a crash test reads it from an
+    uninterrupted run to know every kill point (a commit may hold several events).
+    """
+    return _appends
+
+
 def after_append(events: Sequence[object]) -> None:
     """Called by the world after each committed append; kills the process if planned."""
+    global _appends
+    _appends += 1
     plan = _plan()
     if plan is None:
         return

@@ -76,7 +76,9 @@ def test_a_kill_by_event_and_a_plain_run(tmp_path: Path) -> None:
         fresh = runner.run_workflow(
             "user_flows:wf", world=url, run_id="run_plain", input={"n": 2}, env=env
         )
-    assert fresh.result() == {"output": 7, "steps_executed": 3, "resumed": False}
+    # Five commits: RunStarted, one's StepStarted, then each step's StepCompleted with
+    # the next StepStarted (the last's with RunCompleted).
+    assert fresh.result() == {"output": 7, "steps_executed": 3, "resumed": False, "appends": 5}
 
 
 def test_a_target_that_cannot_be_imported_fails_its_run_not_the_runner(tmp_path: Path) -> None:

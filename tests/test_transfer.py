@@ -70,9 +70,9 @@ pytestmark = pytest.mark.timeout(240)
 
 _REPO = Path(__file__).resolve().parents[1]
 _KILLED = "run_proc"
-_KILL_AFTER = 15
-"""Appends before the kill: fetch and the lint branches completed, flaky's first attempt
-failed (recorded), its second in flight."""
+_KILL_AT = "StepStarted:step_path=flaky,attempt=2"
+"""The kill, right after this append: fetch and the lint branches completed, flaky's first
+attempt failed (recorded), its second in flight."""
 
 _Key = tuple[str, str, int]
 
@@ -160,7 +160,7 @@ def _build_source(root: Path) -> tuple[str, frozenset[_Key], frozenset[_Key]]:
         killed = server.run(
             "tests._runtime_proc:main",
             ["crash", "--world", url, "--ledger", str(root / "source-ledger")],
-            crash_after_appends=_KILL_AFTER,
+            crash_after_event=_KILL_AT,
         )
     assert killed.returncode == -9, killed.output
     with local_world(data_dir) as world:

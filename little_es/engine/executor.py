@@ -582,6 +582,12 @@ class RunWriter(ABC):
     def outputs(self, fold: RunFold) -> Mapping[str, Any]:
         """The frozen ``outputs`` a step's context shows (latest output per top-level step)."""
 
+    def flush(self) -> None:
+        """Commit what the writer holds back (a held ``StepCompleted``, see
+        :mod:`little_es.durability`); a writer that never holds anything does nothing."""
+        # Only a writer that holds events back (the local one) overrides it.
+        return
+
 
 @dataclass(frozen=True)
 class HostedRun:
@@ -797,6 +803,8 @@ class StepExecutor:
         except a :class:`~little_es.errors.RuntimeIntegrityError`, which
         propagates: it is a refusal (see :mod:`little_es.engine.executor`).
         """
+        # The step's code may read what the previous step held back: committed first.
+        self.writer.flush()
         # A process that lost the run's lease starts nothing more (LeaseLostError, a refusal).
         check_leases()
         try:
@@ -840,8 +848,15 @@ class StepExecutor:
 
         await self.writer.write(record)
 
-    async def settle(self, begun: Begun, outcome: Outcome) -> Committed | Retry:
-        """Commit the attempt's ``StepCompleted``, or its ``StepFailed`` and the retry decision."""
+    async def settle(
+        self, begun: Begun, outcome: Outcome, *, hold: bool = False
+    ) -> Committed | Retry:
+        """Commit the attempt's ``StepCompleted``, or its ``StepFailed`` and the retry decision.
+
+        ``hold``: the ``StepCompleted`` may be held back and committed with the run's next
+        record (:mod:`little_es.durability`, "One commit per step"); only for an engine
+        whose writer keeps the run's recorder between steps, and a top-level step.
+        """
         if outcome.error is not None:
             return await self._fail(begun, outcome.error, outcome.exception)
         path = begun.step_path
@@ -870,6 +885,7 @@ class StepExecutor:
                     output=outcome.output,
                     next_step=outcome.next_step,
                     aggregates=changes,
+                    hold=hold,
                 )
             except ConcurrencyConflictError:
                 stale = [c for c in changes if self.world.has_events_after(c.id, c.base_version)]
@@ -927,6 +943,8 @@ class StepExecutor:
     ) -> dict[str, Any]:
         """The group's branch set, computed by its ``branches(ctx)`` from the run's data."""
         ctx = self.context(fold, group_path, 1)
+        # User code: what the previous step held back is committed before it runs.
+        self.writer.flush()
         check_leases()
         return group.branch_set(await call_maybe_async(group.branches, ctx))
 
@@ -1025,11 +1043,13 @@ class StepExecutor:
         step_path: str,
         visit: int,
         branch_outputs: Sequence[Any] | None = None,
+        *,
+        hold: bool = False,
     ) -> Committed:
         """Commit a parallel group's ``StepCompleted``: its branches' outputs by branch key.
 
         ``branch_outputs`` are the outputs in branch key order, when the caller
-        has them; else they are read from the run's log.
+        has them; else they are read from the run's log. ``hold`` as for :meth:`settle`.
         """
 
         def complete(rec: RunRecorder) -> Committed:
@@ -1044,7 +1064,7 @@ class StepExecutor:
             else:
                 output = {key: self._branch_output(rec.fold, group, visit, key) for key in keys}
             value = rec.step_completed(
-                step_path, step_id=group.id, visit=visit, attempt=1, output=output
+                step_path, step_id=group.id, visit=visit, attempt=1, output=output, hold=hold
             )
             return Committed(rec.fold.steps[step_path], executed=True, value=value)
 

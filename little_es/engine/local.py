@@ -137,10 +137,18 @@ class _LocalWriter(RunWriter):
         return self.recorder.fold
 
     def refresh(self) -> RunFold:
+        self.flush()
         self.recorder.refresh()
         return self.recorder.fold
 
+    def flush(self) -> None:
+        if self.recorder.holding:
+            self._write(RunRecorder.flush)
+
     async def write(self, action: Callable[[RunRecorder], T], *, catch_up: bool = True) -> T:
+        return self._write(action)
+
+    def _write(self, action: Callable[[RunRecorder], T]) -> T:
         for attempt in range(_CONFLICT_RETRIES):
             try:
                 return action(self.recorder)
@@ -148,6 +156,7 @@ class _LocalWriter(RunWriter):
                 # Another process appended (a RunCancelled, a user's event; it holds no
                 # lease, see little_es.durability): decide again on the stream as stored.
                 # A driver that lost its lease stops at the retried append's lease check.
+                # What the recorder held back is triggered again on the reloaded stream.
                 if attempt + 1 == _CONFLICT_RETRIES:
                     raise
                 self.recorder.reload()
@@ -204,16 +213,52 @@ class _Scheduler:
         self.executed = 0
 
     async def drive(self) -> str | None:
-        """Walk the workflow to END; return the path of the step whose output is the run's."""
-        return await Walk(self.workflow.ir, self.run_id).drive(self._visit)
+        """Walk the workflow to END; return the path of the step whose output is the run's.
+
+        A top-level step's ``StepCompleted`` is held back for the next record's commit
+        (:mod:`little_es.durability`, "One commit per step"): the last step's is
+        committed with ``RunCompleted``. A walk that ends with an error commits it
+        before the error propagates: the step did complete.
+        """
+        try:
+            return await Walk(self.workflow.ir, self.run_id).drive(self._visit)
+        except BaseException:
+            self._flush_quietly()
+            raise
+
+    async def complete(self, output_path: str | None) -> RunFold:
+        """Commit ``RunCompleted``, with the last step's held ``StepCompleted``."""
+        try:
+            return await self.executor.complete_run(output_path)
+        except BaseException:
+            # A cancel that won the race: the held result is committed after it.
+            self._flush_quietly()
+            raise
+
+    def _flush_quietly(self) -> None:
+        try:
+            self.writer.flush()
+        except Exception as exc:
+            # The error already propagating says why the run stopped; a held result
+            # that is not committed (a lost lease, a failing database) is a step in
+            # flight, which a resume runs again.
+            _log.warning("held step result not committed", run_id=self.run_id, error=repr(exc))
 
     async def _visit(self, visit: StepVisit) -> Any:
         step = self.workflow.step(visit.step.id)
-        result = await self._step(step, visit.path, visit.visit)
+        result = await self._step(step, visit.path, visit.visit, top_level=True)
         self.writer.set_output(step.id, result)
         return result
 
-    async def _step(self, step: Step, path: str, visit: int, branch_value: Any = None) -> Any:
+    async def _step(
+        self,
+        step: Step,
+        path: str,
+        visit: int,
+        branch_value: Any = None,
+        *,
+        top_level: bool = False,
+    ) -> Any:
         if isinstance(step, ParallelStep):
             return await self._parallel(step, path, visit)
         while True:
@@ -222,11 +267,13 @@ class _Scheduler:
                 return begun.output(self.world)
             self.executed += 1
             outcome = await self.executor.attempt(begun, functools.partial(self._execute, begun))
-            settled = await self.executor.settle(begun, outcome)
+            # A branch's result is not held: other branches run code meanwhile.
+            settled = await self.executor.settle(begun, outcome, hold=top_level)
             if isinstance(settled, Committed):
                 return settled.output(self.world)
             if not settled.will_retry:
                 raise _RetriesExhaustedError(path, settled.error) from outcome.exception
+            self.writer.flush()  # nothing waits with a result held back
             await asyncio.sleep(settled.delay_s)
 
     async def _execute(self, begun: Begun) -> Any:
@@ -249,7 +296,7 @@ class _Scheduler:
             return await self._step(inner, branch_path(group.ir, key, visit), 1, branch_set[key])
 
         outputs = await gather_branches(plan.keys, group.max_concurrency, branch)
-        done = await self.executor.complete_group(group, path, visit, outputs)
+        done = await self.executor.complete_group(group, path, visit, outputs, hold=True)
         return done.output(self.world)
 
 
@@ -363,7 +410,7 @@ async def run_workflow(
             raise
         except LittleEsError:
             raise
-        fold = await scheduler.executor.complete_run(output_path)
+        fold = await scheduler.complete(output_path)
         log.info("run completed", steps_executed=scheduler.executed)
         return _result(world, fold, resumed=resumed, executed=scheduler.executed)
 

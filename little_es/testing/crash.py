@@ -53,7 +53,7 @@ import orjson
 from little_es.cli.run import load_workflow
 from little_es.engine.local import run_workflow
 from little_es.errors import ConcurrentRunError
-from little_es.faults import CRASH_AFTER_APPENDS, CRASH_AFTER_EVENT
+from little_es.faults import CRASH_AFTER_APPENDS, CRASH_AFTER_EVENT, appends
 from little_es.values import JSONValue
 from little_es.workflow.authoring import Workflow
 from little_es.world import World, open_world
@@ -98,7 +98,8 @@ class ChildResult:
         return self.returncode == -signal.SIGKILL
 
     def result(self) -> dict[str, Any]:
-        """The outcome :func:`drive` printed: ``{"output", "steps_executed", "resumed"}``.
+        """The outcome :func:`drive` printed: ``{"output", "steps_executed", "resumed",
+        "appends"}``.
 
         Raises :class:`AssertionError`, with the child's output, unless the
         child exited 0 and printed exactly one result line.
@@ -238,7 +239,9 @@ class CrashRunner:
 def drive(world: World, workflow: Workflow, input: JSONValue, run_id: str) -> int:
     """Run (or resume) ``run_id`` of ``workflow`` and print its outcome in one line.
 
-    Prints ``RESULT {"output": ..., "steps_executed": ..., "resumed": ...}`` and
+    Prints ``RESULT {"output": ..., "steps_executed": ..., "resumed": ..., "appends": ...}``
+    (``appends``: the append transactions the process committed, :func:`little_es.faults.appends`,
+    the kill points of ``crash_after_appends``) and
     returns 0; when another process holds the run, prints
     ``CONCURRENT_RUN_ERROR <message>`` and returns :data:`CONCURRENT_EXIT_CODE`.
     Any other error propagates.
@@ -252,6 +255,7 @@ def drive(world: World, workflow: Workflow, input: JSONValue, run_id: str) -> in
         "output": result.output,
         "steps_executed": result.steps_executed,
         "resumed": result.resumed,
+        "appends": appends(),
     }
     print(RESULT_PREFIX + orjson.dumps(summary).decode(), flush=True)
     return 0
