@@ -48,7 +48,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -190,7 +190,7 @@ def check_ledger(
             violations.append(
                 Violation(
                     run_id,
-                    f"{entry.item} was committed when process {s - 1} was killed and executed"
+                    f"{entry.item} was committed when process {s - 1} ended and executed"
                     f" again in process {s}",
                 )
             )
@@ -539,13 +539,15 @@ def check_fork(
     at: str,
     inherited: set[Item],
     entries: Sequence[Entry],
-    ledgered_steps: Sequence[str],
+    top_steps: Sequence[str],
+    ledgered_steps: Collection[str],
 ) -> list[Violation]:
     """Check 10: the fork ``fork_id`` of ``origin`` at ``at``.
 
     ``inherited`` is what the fork's tree held committed when it was written (the copied
-    prefix, and the origin's sub-runs it kept); ``ledgered_steps`` are the top-level
-    steps of the workflow whose bodies write the ledger, in order.
+    prefix, and the origin's sub-runs it kept); ``top_steps`` are the workflow's
+    top-level steps in order, ``ledgered_steps`` those whose bodies write the ledger
+    under their own path.
     """
     violations: list[Violation] = []
     forked = replay_run(world, fork_id).state.forked_from
@@ -561,12 +563,13 @@ def check_fork(
                 )
             )
     path = at.split("#", 1)[0]
-    executed = {e.item for e in entries}
-    if path in ledgered_steps:
-        for step in ledgered_steps[ledgered_steps.index(path) :]:
-            if not any(
-                i.kind == "step" and i.run_id == fork_id and i.where == step for i in executed
-            ):
+    base = path.split("@", 1)[0]
+    ran = {e.item.where for e in entries if e.item.kind == "step" and e.item.run_id == fork_id}
+    if base in top_steps:
+        if base in ledgered_steps and "#" not in at and path not in ran:
+            violations.append(Violation(fork_id, f"the fork point {at} never executed in the fork"))
+        for step in top_steps[top_steps.index(base) + 1 :]:
+            if step in ledgered_steps and not any(w.split("@", 1)[0] == step for w in ran):
                 violations.append(
                     Violation(
                         fork_id,

@@ -72,19 +72,21 @@ from tests.torture.workflow import APPROVAL, SIGNAL_ID, WAIT_STEP
 Mode = Literal["run", "loop", "fork"]
 MODES: tuple[Mode, ...] = ("loop", "fork", "run")
 """The order :func:`torture` takes the modes in for its random runs."""
-RUN_STEPS = (
+TOP_STEPS = (
     "prepare",
     "flaky",
+    "fan",
     "refine",
     "judge",
     "research",
     "orchestrate",
+    "nested",
     "big",
     WAIT_STEP,
     "finish",
 )
-"""The torture workflow's top-level steps whose bodies (or model calls) write the ledger."""
-LEDGERED_TOP_STEPS = ("prepare", "flaky", "refine", "judge", "big", "finish")
+"""The torture workflow's top-level steps, in order."""
+LEDGERED_TOP_STEPS = frozenset({"prepare", "flaky", "refine", "judge", "big", "finish"})
 """Of those, the task and decision steps (ledgered under their own step path)."""
 AFTER_WAIT = ("finish",)
 SIGNAL_HOWS = ("api", "cli", "live")
@@ -292,6 +294,8 @@ class RunReport:
     wait: WaitTrack = field(default_factory=WaitTrack)
     fork: str = ""
     """For a fork: ``origin@point``."""
+    inherited: set[Item] = field(default_factory=set)
+    """For a fork: what its tree held committed when it was written."""
 
     @property
     def kills(self) -> int:
@@ -549,21 +553,34 @@ class Torturer:
             report.violations.append(Violation(run_id, str(exc)))
         return report
 
-    def fork(self, fork_id: str, kills: Sequence[Kill | KillKind]) -> RunReport:
-        """One torture run of a fork: fork a completed run at a seeded point, then :meth:`run`."""
+    def fork(
+        self,
+        fork_id: str,
+        kills: Sequence[Kill | KillKind],
+        *,
+        origin: str | None = None,
+        at: str | None = None,
+    ) -> RunReport:
+        """One torture run of a fork: fork a completed run at a seeded point, then :meth:`run`.
+
+        The origin is drawn from the last completed runs of :attr:`origin` (or given), the
+        point from its fork points (or given).
+        """
         assert self.mode == "fork" and self.origin is not None
-        origin = self.rng.choice(self.origin.completed_runs[-5:])
-        at = self.rng.choice(fork_points(self.world, origin))
+        origin = origin or self.rng.choice(self.origin.completed_runs[-5:])
+        at = at or self.rng.choice(fork_points(self.world, origin))
         fork_run(self.world, origin, at=at, new_run_id=fork_id)
-        report = RunReport(fork_id, self.mode, fork=f"{origin}@{at}")
         inherited = self.committed(fork_id)
+        report = RunReport(fork_id, self.mode, fork=f"{origin}@{at}", inherited=inherited)
         try:
             entries = self._run(report, kills)
         except ChildFailedError as exc:
             report.violations.append(Violation(fork_id, str(exc)))
             return report
         report.violations.extend(
-            check_fork(fork_id, self.world, origin, at, inherited, entries, LEDGERED_TOP_STEPS)
+            check_fork(
+                fork_id, self.world, origin, at, inherited, entries, TOP_STEPS, LEDGERED_TOP_STEPS
+            )
         )
         return report
 
