@@ -345,6 +345,8 @@ class Torturer:
     origin: Torturer | None = None
     """For ``fork``: the ``run`` torturer whose completed runs are forked."""
     owns_engine: bool = True
+    shares: Torturer | None = None
+    """Read the world through this torturer's (opened) world: one connection pool."""
     world: World = field(init=False)
     reference: dict[str, RunImage] = field(init=False, default_factory=dict)
     reference_loop: JSON = field(init=False, default=None)
@@ -410,7 +412,7 @@ class Torturer:
 
     def open(self) -> None:
         """Run the uninterrupted reference run and open the world the checks read."""
-        self.world = open_world(self.world_url)
+        self.world = self.shares.world if self.shares is not None else open_world(self.world_url)
         if self.mode == "fork":
             assert self.origin is not None, "a fork torturer forks runs of a run torturer"
             origin = self.origin
@@ -468,8 +470,13 @@ class Torturer:
     def reference_appends(self) -> int:
         """How many appends an uninterrupted run makes: the last N a kill after N hits.
 
-        Found by bisection (a few killed runs) the first time it is asked for.
+        Found by bisection (a few killed runs) the first time it is asked for (a loop's:
+        its events).
         """
+        if self._reference_appends is None and self.mode == "loop":
+            # No boundary runs of a loop: its events bound its appends (each save is one
+            # append of one or a few events), cheaper than a bisection.
+            self._reference_appends = self.reference_events
         if self._reference_appends is None:
             self._reference_appends = self._count_appends(self._reference_run_id)
         return self._reference_appends
@@ -509,8 +516,9 @@ class Torturer:
         return AppendsKill(self.rng.randint(1, max(1, round(self.reference_appends * left))))
 
     def close(self) -> None:
-        """Close the world and (when it is this torturer's) the engine."""
-        self.world.close()
+        """Close the world and the engine (each when it is this torturer's)."""
+        if self.shares is None:
+            self.world.close()
         if self.owns_engine:
             self.engine.close()
 
@@ -806,11 +814,18 @@ def torture(
                     # to the next: this run made fewer appends than the bisected one.
                     break
             torturers["loop"] = Torturer(
-                world_url, work, engine, rng=rng, mode="loop", owns_engine=False
+                world_url, work, engine, rng=rng, mode="loop", owns_engine=False, shares=torturer
             )
             torturers["loop"].open()
             torturers["fork"] = Torturer(
-                world_url, work, engine, rng=rng, mode="fork", origin=torturer, owns_engine=False
+                world_url,
+                work,
+                engine,
+                rng=rng,
+                mode="fork",
+                origin=torturer,
+                owns_engine=False,
+                shares=torturer,
             )
             torturers["fork"].open()
             i = 0

@@ -46,8 +46,8 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.torture
 
-SHORT_KILLS = 10
-SHORT_BOUNDARIES = 3
+SHORT_KILLS = 8
+SHORT_BOUNDARIES = 2
 SEED = 16
 
 
@@ -124,7 +124,7 @@ def test_checker_flags_a_rerun_of_a_completed_step(world_spec: WorldSpec, tmp_pa
     ), messages
 
 
-@pytest.mark.backends("sqlite", "postgres")
+@pytest.mark.backends("sqlite")
 def test_checker_flags_a_loop_cycle_that_reruns_its_committed_run(
     world_spec: WorldSpec, tmp_path: Path
 ) -> None:
