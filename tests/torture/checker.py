@@ -32,8 +32,9 @@ Per capability (the driver runs each as runs of their own):
    waited executed again after it; nothing after the wait executed before the signal;
 9. an outer loop (:func:`check_loop`): checks 1-3 and 5 over every planner run and
    cycle run (so a cycle's committed steps never execute again), the cycle sequence and
-   the loop's final state (:func:`loop_image`) equal the uninterrupted loop's, and each
-   of its runs' final state equals the uninterrupted loop's run of that cycle;
+   the loop's final state (:func:`loop_image`) equal the uninterrupted loop's, each
+   of its runs' final state equals the uninterrupted loop's run of that cycle, and a
+   local world's view file of the loop is the view of its log (:func:`check_loop_view`);
 10. a fork (:func:`check_fork`): nothing of the prefix the fork copied from its origin
     executes in the fork, every top-level step from the fork point on executes in it,
     its final state is the uninterrupted run's (but for ``forked_from``), and replay of it
@@ -70,7 +71,7 @@ from little_es import (
     replay_run,
     verify_world,
 )
-from little_es.outer_loop import PLANNER_WORKFLOW_ID, loop_view
+from little_es.outer_loop import PLANNER_WORKFLOW_ID, encode_view, loop_view
 from tests.torture.ledger import Entry, Item, model_item, step_item, tool_item
 
 LEDGERED_STEP_KINDS = frozenset({"task", "decision"})
@@ -638,3 +639,17 @@ def check_loop(loop_id: str, got: JSON, want: JSON, again: JSON) -> list[Violati
     if again != got:
         violations.append(Violation(loop_id, "two loads of the loop gave different views"))
     return violations
+
+
+def check_loop_view(world: World, loop_id: str) -> list[Violation]:
+    """Check 9, the file: a local world's ``outer-loops/<id>.json`` is the log's view."""
+    stored = world.backend.read_outer_loop_view(loop_id)
+    if stored is None and not world.backend.keeps_outer_loop_views:
+        return []
+    loop = world.load_outer_loop(loop_id)
+    if loop is None:
+        return [Violation(loop_id, "the outer loop has no log")]
+    if stored != encode_view(loop_view(world, loop)):
+        had = "disagrees with" if stored is not None else "is missing for"
+        return [Violation(loop_id, f"the loop's view file {had} its log")]
+    return []

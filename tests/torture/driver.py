@@ -55,6 +55,7 @@ from tests.torture.checker import (
     check_fork,
     check_ledger,
     check_loop,
+    check_loop_view,
     check_verify,
     check_verify_cli,
     check_wait,
@@ -655,6 +656,7 @@ class Torturer:
             got = self._loop_image(run_id)
             again = self._loop_image(run_id)
             report.violations.extend(check_loop(run_id, got, self.reference_loop, again))
+            report.violations.extend(check_loop_view(self.world, run_id))
         else:
             report.violations.extend(
                 check_wait(run_id, self.world, WAIT_STEP, APPROVAL, AFTER_WAIT, ledger, track)

@@ -21,6 +21,7 @@ from tests.torture.checker import (
     check_fork,
     check_ledger,
     check_loop,
+    check_loop_view,
     check_verify,
     check_verify_cli,
     check_wait,
@@ -146,6 +147,15 @@ def test_checker_flags_a_loop_cycle_that_reruns_its_committed_run(
     rerun = "step torture-loop-bug.cycle-1 fetch #1 was committed when process 0 ended"
     assert any(m.startswith(rerun) for m in messages), messages
     assert all(m.startswith(rerun) or m == "one more resume executed something" for m in messages)
+    # The loop's view file, edited behind its back, no longer is its log's view.
+    assert world_spec.data_dir is not None
+    view = world_spec.data_dir / "outer-loops" / "torture-loop-bug.json"
+    assert view.exists()
+    with world_spec.open() as world:
+        assert check_loop_view(world, "torture-loop-bug") == []
+        view.write_bytes(view.read_bytes().replace(b'"planner_done"', b'"max_cycles"'))
+        found = [v.what for v in check_loop_view(world, "torture-loop-bug")]
+    assert found == ["the loop's view file disagrees with its log"]
 
 
 @pytest.mark.backends("sqlite")
