@@ -457,7 +457,7 @@ class RunFold:
                 next_step=s.next_step,
                 error=s.error,
                 session_ids=list(s.session_ids),
-                usage=_UsageSum.from_totals(s.usage),
+                usage=_UsageSum() if not s.usage.calls else _UsageSum.from_totals(s.usage),
                 gave_up_attempt=(
                     gave_up_attempts.get(path, 0)
                     if gave_up_attempts is not None
