@@ -79,7 +79,9 @@ class TemporalEngine:
             return self.server.address
         if self._owned is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="little-es-torture-temporal-")
-            server = DevServer(binary=find_temporal_binary(), db_filename=Path(self._tmp.name) / "db")
+            server = DevServer(
+                binary=find_temporal_binary(), db_filename=Path(self._tmp.name) / "db"
+            )
             server.start()
             self._owned = server
         return self._owned.address
@@ -89,7 +91,14 @@ class TemporalEngine:
         address = self.address()
         with out.open("wb") as sink:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.torture.temporal_engine", "--address", address, *argv],
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.torture.temporal_engine",
+                    "--address",
+                    address,
+                    *argv,
+                ],
                 cwd=REPO,
                 env=env,
                 stdin=subprocess.DEVNULL,
