@@ -1,7 +1,8 @@
 """``python -m tests.torture --kills 1000 --world URL [--seed S]``: the long torture run.
 
-Prints one summary line (runs, kills, resumes, re-executed in-flight items, violations,
-seconds) and every violation below it; exits 1 if there is any.
+Prints one summary line (runs, of them outer loops and forks, signals by how they were
+sent, kills, resumes, re-executed in-flight items, violations, seconds) and every
+violation below it; exits 1 if there is any.
 """
 
 from __future__ import annotations

@@ -25,8 +25,22 @@ The checks (each failure is one :class:`Violation`):
    real ``little verify --all`` in a subprocess, every stream of the world) once per
    torture invocation.
 
-Still to come, as the capabilities land: the outer loop's cycles as items, and sub-runs
-driven by Temporal.
+Per capability (the driver runs each as runs of their own):
+
+8. a wait (:func:`check_wait`): the ``approve`` wait took exactly one signal, with the
+   signalled data, which is the step's output; nothing committed before the run first
+   waited executed again after it; nothing after the wait executed before the signal;
+9. an outer loop (:func:`check_loop`): checks 1-3 and 5 over every planner run and
+   cycle run (so a cycle's committed steps never execute again), the cycle sequence and
+   the loop's final state (:func:`loop_image`) equal the uninterrupted loop's, each
+   of its runs' final state equals the uninterrupted loop's run of that cycle, and a
+   local world's view file of the loop is the view of its log (:func:`check_loop_view`);
+10. a fork (:func:`check_fork`): nothing of the prefix the fork copied from its origin
+    executes in the fork, every top-level step from the fork point on executes in it,
+    its final state is the uninterrupted run's (but for ``forked_from``), and replay of it
+    is deterministic (check 5).
+
+Still to come: sub-runs driven by Temporal.
 """
 
 from __future__ import annotations
@@ -35,14 +49,17 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from little_es import (
     LittleEsError,
     ModelResponded,
+    OuterLoop,
+    RunStarted,
     SessionStarted,
+    SignalReceived,
     StepCompleted,
     StepFailed,
     StepStarted,
@@ -54,12 +71,16 @@ from little_es import (
     replay_run,
     verify_world,
 )
+from little_es.outer_loop import PLANNER_WORKFLOW_ID, encode_view, loop_view
 from tests.torture.ledger import Entry, Item, model_item, step_item, tool_item
 
 LEDGERED_STEP_KINDS = frozenset({"task", "decision"})
 """Step kinds whose body is the workflow's own code (the others run the engine's)."""
 UNLEDGERED_TOOLS = frozenset({"start_workflow"})
 """Tools that are the library's own: the sub-runs they start are checked instead."""
+UNLEDGERED_STEPS = frozenset({(PLANNER_WORKFLOW_ID, "decision")})
+"""(workflow id, step path) of task steps whose body is the library's own (a loop's
+planner reading its answer)."""
 
 JSON = None | bool | int | float | str | list["JSON"] | dict[str, "JSON"]
 
@@ -106,6 +127,7 @@ def log_facts(world: World, run_ids: Iterable[str]) -> LogFacts:
     facts = LogFacts()
     for run_id in run_ids:
         events = world.read_run_log(run_id)
+        workflow_id = next((e.workflow_id for e in events if isinstance(e, RunStarted)), "")
         sessions: dict[str, SessionStarted] = {
             str(e.originator_id): e for e in events if isinstance(e, SessionStarted)
         }
@@ -119,7 +141,10 @@ def log_facts(world: World, run_ids: Iterable[str]) -> LogFacts:
             if isinstance(e, StepCompleted | StepFailed):
                 item = step_item(run_id, e.step_path, e.attempt)
                 facts.committed.add(item)
-                if kinds.get((e.step_path, e.attempt)) in LEDGERED_STEP_KINDS:
+                if (
+                    kinds.get((e.step_path, e.attempt)) in LEDGERED_STEP_KINDS
+                    and (workflow_id, e.step_path) not in UNLEDGERED_STEPS
+                ):
                     facts.ledgered.add(item)
             elif isinstance(e, ModelResponded):
                 session = sessions[str(e.originator_id)]
@@ -166,7 +191,7 @@ def check_ledger(
             violations.append(
                 Violation(
                     run_id,
-                    f"{entry.item} was committed when process {s - 1} was killed and executed"
+                    f"{entry.item} was committed when process {s - 1} ended and executed"
                     f" again in process {s}",
                 )
             )
@@ -240,6 +265,9 @@ def check_verify_cli(world_url: str) -> list[Violation]:
 # ------------------------------------------------------------------ the final state
 
 VOLATILE_STATE_FIELDS = ("started_at", "updated_at", "completed_at", "event_count")
+VOLATILE_WAIT_FIELDS = ("since", "signalled_at", "signalled_by")
+"""Fields of a wait that differ between two runs: the clock's, and who sent the signal
+(``little signal`` names its process)."""
 """Fields of a run's state that legitimately differ between two runs of one workflow:
 the timestamps are the clock's, and ``event_count`` also counts the write-ahead records
 an in-flight item re-records when it re-executes (its results are compared apart, by
@@ -258,14 +286,17 @@ class RunImage:
     """How many write-ahead records of each type the log holds."""
 
 
-def _names(world: World, run_ids: Sequence[str]) -> dict[str, str]:
+def _names(
+    world: World, run_ids: Sequence[str], roots: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """Each run id and session id of a tree -> a name made of step paths and call ids.
 
     Sub-run ids are derived from the parent run id (and the session id and the call id),
     session ids from the run id, the step path and the attempt: naming each by what it
-    was derived from makes two trees of one workflow comparable.
+    was derived from makes two trees of one workflow comparable. ``roots`` names the
+    runs that are no one's sub-run (default: the first of ``run_ids`` is ``<run>``).
     """
-    names = {run_ids[0]: "<run>"}
+    names = dict(roots) if roots is not None else {run_ids[0]: "<run>"}
     for run_id in run_ids:
         parent = names[run_id]
         for e in world.read_run_log(run_id):
@@ -296,15 +327,22 @@ def _rename_key(key: str, names: Mapping[str, str]) -> str:
 
 
 def canonical_tree(world: World, run_id: str, violations: list[Violation]) -> dict[str, RunImage]:
-    """Every run of the tree of ``run_id``, by name, as :class:`RunImage`.
+    """Every run of the tree of ``run_id``, by name (:func:`canonical_runs`)."""
+    run_ids = tree_run_ids(world, run_id)
+    return canonical_runs(world, run_ids, _names(world, run_ids), violations)
+
+
+def canonical_runs(
+    world: World, run_ids: Sequence[str], names: Mapping[str, str], violations: list[Violation]
+) -> dict[str, RunImage]:
+    """The runs ``run_ids`` (named by ``names``, :func:`_names`), by name, as :class:`RunImage`.
 
     Check 5 runs here: each run is replayed twice, and a failure or a difference is a
     violation. The state is ``replay_run(...).state`` without
-    :data:`VOLATILE_STATE_FIELDS`, with run and session ids renamed (:func:`_names`) and
-    the sub-run ids sorted (sub-runs started concurrently are reserved in any order).
+    :data:`VOLATILE_STATE_FIELDS` (and :data:`VOLATILE_WAIT_FIELDS` of each wait), with
+    run and session ids renamed and the sub-run ids sorted (sub-runs started
+    concurrently are reserved in any order).
     """
-    run_ids = tree_run_ids(world, run_id)
-    names = _names(world, run_ids)
     images: dict[str, RunImage] = {}
     for rid in run_ids:
         try:
@@ -318,6 +356,9 @@ def canonical_tree(world: World, run_id: str, violations: list[Violation]) -> di
         dumped = first.state.model_dump(mode="json")
         for key in VOLATILE_STATE_FIELDS:
             dumped.pop(key, None)
+        for wait in (dumped.get("waits") or {}).values():
+            for key in VOLATILE_WAIT_FIELDS:
+                wait.pop(key, None)
         state = _rename(dumped, names)
         assert isinstance(state, dict)
         subs = state.get("sub_run_ids")
@@ -372,6 +413,10 @@ def _diff(got: JSON, want: JSON, path: str = "") -> str:
     """The first place where two JSON values differ, for a readable violation."""
     if isinstance(got, dict) and isinstance(want, dict):
         for key in sorted(set(got) | set(want)):
+            if (key in got) != (key in want):
+                return (
+                    f"at {path}.{key}: only in the {'run' if key in got else 'uninterrupted run'}"
+                )
             if got.get(key) != want.get(key):
                 return _diff(got.get(key), want.get(key), f"{path}.{key}")
     if isinstance(got, list) and isinstance(want, list) and len(got) == len(want):
@@ -384,3 +429,227 @@ def _diff(got: JSON, want: JSON, path: str = "") -> str:
 def _short(value: JSON) -> str:
     text = repr(value)
     return text if len(text) <= 200 else text[:200] + "..."
+
+
+# ------------------------------------------------------------------ waits
+
+
+@dataclass
+class WaitTrack:
+    """What the driver saw of a run's wait: when it first waited, when it was signalled."""
+
+    waited_segment: int | None = None
+    """The process after which the log first said the run waits."""
+    committed_before: set[Item] = field(default_factory=set)
+    """What the log held then: everything before the wait."""
+    signal_segment: int | None = None
+    """The first process that could see the signal (it was sent before or during it)."""
+    how: str = ""
+    """``api`` (``World.signal`` between processes), ``cli`` (``little signal`` between
+    processes), ``live`` (``World.signal`` from a thread while a process runs)."""
+
+
+def check_wait(
+    run_id: str,
+    world: World,
+    wait_step: str,
+    signalled: Mapping[str, object],
+    after_wait: Sequence[str],
+    entries: Sequence[Entry],
+    track: WaitTrack,
+) -> list[Violation]:
+    """Check 8: the wait ``wait_step`` of ``run_id`` resolved once with ``signalled``.
+
+    ``after_wait`` are the step paths after the wait: none of them may have executed in
+    a process that ended before the signal was sent.
+    """
+    violations: list[Violation] = []
+    if track.waited_segment is None or track.signal_segment is None:
+        return [Violation(run_id, f"the run never waited at {wait_step} (or was never signalled)")]
+    signals = [
+        e
+        for e in world.read_run_log(run_id)
+        if isinstance(e, SignalReceived) and e.wait_id == wait_step
+    ]
+    if len(signals) != 1:
+        violations.append(Violation(run_id, f"{wait_step} took {len(signals)} signals, not 1"))
+    for e in signals:
+        if e.data != signalled:
+            violations.append(
+                Violation(run_id, f"{wait_step} recorded signal data {e.data} != {signalled}")
+            )
+    state = replay_run(world, run_id).state
+    wait = state.waits.get(wait_step)
+    if wait is None or wait.status != "signalled" or wait.data != signalled:
+        got = None if wait is None else (wait.status, wait.data)
+        violations.append(Violation(run_id, f"wait {wait_step} ended {got}, not signalled"))
+    step = state.steps.get(wait_step)
+    if step is None or step.status != "completed" or step.output != signalled:
+        got = None if step is None else (step.status, step.output)
+        violations.append(Violation(run_id, f"step {wait_step} ended {got}, not {signalled}"))
+    for entry in entries:
+        if entry.segment > track.waited_segment and entry.item in track.committed_before:
+            violations.append(
+                Violation(
+                    run_id,
+                    f"{entry.item} was committed before the run waited (process"
+                    f" {track.waited_segment}) and executed again in process {entry.segment}",
+                )
+            )
+        if (
+            entry.item.kind == "step"
+            and entry.item.run_id == run_id
+            and entry.item.where in after_wait
+            and entry.segment < track.signal_segment
+        ):
+            violations.append(
+                Violation(
+                    run_id,
+                    f"{entry.item} comes after the wait and executed in process"
+                    f" {entry.segment}, before the signal ({track.how}, seen from process"
+                    f" {track.signal_segment})",
+                )
+            )
+    return violations
+
+
+# ------------------------------------------------------------------ forks
+
+
+def fork_image(images: Mapping[str, RunImage]) -> dict[str, RunImage]:
+    """A fork's tree as the uninterrupted run's: without ``forked_from`` and ``RunForked``.
+
+    The rest of a fork's state and result events must be those of a run that never
+    stopped: the copied prefix holds the origin's results, and the fork the rest.
+    """
+    out: dict[str, RunImage] = {}
+    for name, image in images.items():
+        state = image.state
+        results = dict(image.results)
+        if name == "<run>" and isinstance(state, dict):
+            state = {**state, "forked_from": None}
+            results.pop("RunForked", None)
+        out[name] = RunImage(name, state, results, image.write_ahead)
+    return out
+
+
+def check_fork(
+    fork_id: str,
+    world: World,
+    origin: str,
+    at: str,
+    inherited: set[Item],
+    entries: Sequence[Entry],
+    top_steps: Sequence[str],
+    ledgered_steps: Collection[str],
+) -> list[Violation]:
+    """Check 10: the fork ``fork_id`` of ``origin`` at ``at``.
+
+    ``inherited`` is what the fork's tree held committed when it was written (the copied
+    prefix, and the origin's sub-runs it kept); ``top_steps`` are the workflow's
+    top-level steps in order, ``ledgered_steps`` those whose bodies write the ledger
+    under their own path.
+    """
+    violations: list[Violation] = []
+    forked = replay_run(world, fork_id).state.forked_from
+    if forked is None or forked.origin_run_id != origin or forked.at != at:
+        violations.append(Violation(fork_id, f"forked_from is {forked}, not {origin!r} at {at!r}"))
+    for entry in entries:
+        if entry.item in inherited:
+            violations.append(
+                Violation(
+                    fork_id,
+                    f"{entry.item} is in the prefix the fork copied from {origin} and executed"
+                    f" again in the fork (process {entry.segment})",
+                )
+            )
+    path = at.split("#", 1)[0]
+    base = path.split("@", 1)[0]
+    ran = {e.item.where for e in entries if e.item.kind == "step" and e.item.run_id == fork_id}
+    if base in top_steps:
+        if base in ledgered_steps and "#" not in at and path not in ran:
+            violations.append(Violation(fork_id, f"the fork point {at} never executed in the fork"))
+        for step in top_steps[top_steps.index(base) + 1 :]:
+            if step in ledgered_steps and not any(w.split("@", 1)[0] == step for w in ran):
+                violations.append(
+                    Violation(
+                        fork_id,
+                        f"step {step} (after the fork point {at}) never executed in the fork",
+                    )
+                )
+    return violations
+
+
+# ------------------------------------------------------------------ outer loops
+
+LOOP_HASHES = frozenset({"planner_manifest_hash", "outer_loop_context_hash", "old_manifest_hash"})
+"""Hashes of a loop's view that hash the loop's own id (in the planner's context)."""
+
+
+def loop_run_ids(world: World, loop: OuterLoop) -> list[str]:
+    """Every planner run and cycle run of ``loop`` that exists, with their sub-runs."""
+    found: list[str] = []
+    for number in sorted(loop.cycles):
+        started = loop.cycles[number].started
+        for run_id in (started.planner_run_id, started.run_id):
+            found.extend(r for r in tree_run_ids(world, run_id) if r not in found)
+    return found
+
+
+def loop_image(world: World, loop: OuterLoop, loop_id: str) -> JSON:
+    """The loop's view (:func:`~little_es.loop_view`), its id renamed, its id's hashes out."""
+
+    def clean(value: JSON) -> JSON:
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items() if k not in LOOP_HASHES}
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        if isinstance(value, str):
+            return value.replace(loop_id, "<loop>")
+        return value
+
+    view: JSON = loop_view(world, loop)  # type: ignore[assignment]
+    return clean(view)
+
+
+def loop_cycles(image: JSON) -> list[JSON]:
+    """The cycle sequence of a :func:`loop_image`: each cycle's number, status and decision."""
+    assert isinstance(image, dict)
+    cycles = image.get("cycles")
+    assert isinstance(cycles, list)
+    return [
+        {k: c.get(k) for k in ("cycle", "status", "decision")}
+        for c in cycles
+        if isinstance(c, dict)
+    ]
+
+
+def check_loop(loop_id: str, got: JSON, want: JSON, again: JSON) -> list[Violation]:
+    """Check 9: the loop's cycles and view against the uninterrupted loop's, and stable."""
+    violations: list[Violation] = []
+    if loop_cycles(got) != loop_cycles(want):
+        violations.append(
+            Violation(
+                loop_id,
+                f"cycle sequence {loop_cycles(got)} != uninterrupted {loop_cycles(want)}",
+            )
+        )
+    if got != want:
+        violations.append(Violation(loop_id, f"loop final state differs: {_diff(got, want)}"))
+    if again != got:
+        violations.append(Violation(loop_id, "two loads of the loop gave different views"))
+    return violations
+
+
+def check_loop_view(world: World, loop_id: str) -> list[Violation]:
+    """Check 9, the file: a local world's ``outer-loops/<id>.json`` is the log's view."""
+    stored = world.backend.read_outer_loop_view(loop_id)
+    if stored is None and not world.backend.keeps_outer_loop_views:
+        return []
+    loop = world.load_outer_loop(loop_id)
+    if loop is None:
+        return [Violation(loop_id, "the outer loop has no log")]
+    if stored != encode_view(loop_view(world, loop)):
+        had = "disagrees with" if stored is not None else "is missing for"
+        return [Violation(loop_id, f"the loop's view file {had} its log")]
+    return []

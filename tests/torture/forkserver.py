@@ -41,7 +41,7 @@ def _run_child(argv: list[str], env: dict[str, str], out: str) -> None:
     os.environ.update(env)
     code = 0
     try:
-        child.main(argv)
+        code = child.main(argv)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:

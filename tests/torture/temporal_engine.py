@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -36,13 +37,30 @@ import orjson
 from little_es_temporal import DevServer, StepTimeouts, connect, create_worker
 from little_es_temporal import TemporalEngine as RunsOnTemporal
 from little_es_temporal.devserver import find_temporal_binary
+from little_es_temporal.models import SIGNAL_NAME
 from temporalio.client import Client
+from temporalio.service import RPCError
 
-from little_es import configure_logging, open_world, replay_run
-from tests.torture.child import BUG_ENV, RERUN_COMPLETED, _rerun_completed_step
+from little_es import (
+    ConcurrentRunError,
+    World,
+    configure_logging,
+    open_world,
+    replay_run,
+    run_outer_loop,
+)
+from little_es.outer_loop import cycle_run_id
+from tests.torture.child import (
+    BUG_ENV,
+    LEASE_WAIT_S,
+    LOOP_RERUN_CYCLE,
+    RERUN_COMPLETED,
+    WAITING_EXIT_CODE,
+    _rerun_completed_step,
+)
 from tests.torture.driver import REPO, Process, _Popen
 from tests.torture.ledger import Ledger
-from tests.torture.workflow import RUN_INPUT, build_workflows
+from tests.torture.workflow import BUGGY_STEP, LOOP_CYCLES, RUN_INPUT, build_loop, build_workflows
 
 TIMEOUTS = StepTimeouts(
     heartbeat=timedelta(seconds=1), bookkeeping_start_to_close=timedelta(seconds=5)
@@ -53,6 +71,8 @@ STICKY_S = 1.0
 """How long a workflow task waits for the dead worker that cached the workflow."""
 CONNECT_WAIT_S = 30.0
 """How long a child retries connecting while the dev server warms up."""
+POLL_S = 0.1
+"""How often a child reads the run's waits from the log while its workflow runs."""
 
 
 def task_queue(run_id: str) -> str:
@@ -130,43 +150,127 @@ async def _connect(address: str) -> Client:
             await asyncio.sleep(0.2)
 
 
-async def _main(address: str, world_url: str, run_id: str, ledger: Ledger) -> None:
-    if os.environ.get(BUG_ENV) == RERUN_COMPLETED:
-        _rerun_completed_step(world_url, run_id, ledger)
+async def _signal_recorded(client: Client, world: World, run_id: str, sent: set[str]) -> bool:
+    """Wake the workflow for each signal the log holds; whether the run waits unsignalled.
+
+    The driver signals through the log only (``World.signal``, ``little signal``), as to a
+    local run: the workflow waiting on Temporal hears of it here, with the Temporal signal
+    ``little_es_temporal.signal_run`` would have sent after its own append.
+    """
+    if not world.run_exists(run_id):
+        return False
+    state = replay_run(world, run_id).state
+    for wait in state.waits.values():
+        if wait.status == "signalled" and wait.wait_id not in sent:
+            try:
+                await client.get_workflow_handle(run_id).signal(SIGNAL_NAME, wait.wait_id)
+            except RPCError:
+                # Not running (completed, or not started yet): the step reads the log anyway.
+                continue
+            sent.add(wait.wait_id)
+    return state.status == "waiting"
+
+
+async def _run(client: Client, world: World, run_id: str, ledger: Ledger, queue: str) -> int:
     workflows = build_workflows(ledger, run_id)
-    queue = task_queue(run_id)
-    with open_world(world_url) as world:
-        client = await _connect(address)
-        worker = create_worker(
-            client,
-            world,
-            workflows=workflows,
-            task_queue=queue,
-            sticky_queue_schedule_to_start_timeout=timedelta(seconds=STICKY_S),
-            identity=f"torture-{os.getpid()}",
+    worker = create_worker(
+        client,
+        world,
+        workflows=workflows,
+        task_queue=queue,
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=STICKY_S),
+        identity=f"torture-{os.getpid()}",
+    )
+    async with worker:
+        # Starts the workflow, or joins it when the last process was killed under it.
+        engine = RunsOnTemporal(client, task_queue=queue, timeouts=TIMEOUTS)
+        done = asyncio.ensure_future(
+            engine.run(world, workflows[0], dict(RUN_INPUT), run_id=run_id)
         )
-        async with worker:
-            # Starts the workflow, or joins it when the last process was killed under it.
-            engine = RunsOnTemporal(client, task_queue=queue, timeouts=TIMEOUTS)
-            await engine.run(world, workflows[0], dict(RUN_INPUT), run_id=run_id)
-        state = replay_run(world, run_id).state
+        sent: set[str] = set()
+        while not done.done():
+            if await _signal_recorded(client, world, run_id, sent):
+                # As a local run stops at its wait: this process ends, the workflow waits
+                # on Temporal for the signal the next process sends it.
+                done.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await done
+                sys.stdout.write('{"status": "waiting", "engine": "temporal"}\n')
+                return WAITING_EXIT_CODE
+            await asyncio.wait({done}, timeout=POLL_S)
+        await done
+    status = replay_run(world, run_id).state.status
+    sys.stdout.write(orjson.dumps({"status": status, "engine": "temporal"}).decode() + "\n")
+    return 0
+
+
+async def _loop(client: Client, world: World, loop_id: str, ledger: Ledger, queue: str) -> int:
+    planner, workflow = build_loop(ledger, loop_id)
+    worker = create_worker(
+        client,
+        world,
+        workflows=[workflow, planner.workflow],
+        task_queue=queue,
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=STICKY_S),
+        identity=f"torture-{os.getpid()}",
+    )
+    deadline = time.monotonic() + LEASE_WAIT_S
+    async with worker:
+        # The loop is driven here; each cycle's planner run and cycle run is a workflow
+        # on the workers of the loop's task queue (this process's).
+        engine = RunsOnTemporal(client, task_queue=queue, timeouts=TIMEOUTS)
+        while True:
+            try:
+                result = await run_outer_loop(
+                    world,
+                    planner=planner,
+                    workflow=workflow,
+                    outer_loop_id=loop_id,
+                    max_cycles=LOOP_CYCLES + 1,
+                    input={"goal": "torture"},
+                    engine=engine,
+                )
+            except ConcurrentRunError:
+                # A PostgreSQL lease is freed once the server sees the killed holder's
+                # connection close, a moment after the kill.
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.05)
+                continue
+            break
+    line = {"reason": result.reason, "engine": "temporal"}
+    sys.stdout.write(orjson.dumps(line).decode() + "\n")
+    return 0
+
+
+async def _main(args: argparse.Namespace) -> int:
+    ledger = Ledger(args.ledger, args.segment)
+    if os.environ.get(BUG_ENV) == RERUN_COMPLETED and not args.loop:
+        _rerun_completed_step(args.world, args.run_id, BUGGY_STEP, ledger)
+    if os.environ.get(BUG_ENV) == LOOP_RERUN_CYCLE and args.loop:
+        _rerun_completed_step(args.world, cycle_run_id(args.run_id, 1), "fetch", ledger)
+    with open_world(args.world) as world:
+        client = await _connect(args.address)
+        drive = _loop if args.loop else _run
+        code = await drive(client, world, args.run_id, ledger, task_queue(args.run_id))
+    # The SDK's core can crash at interpreter exit if torn down too fast.
     await asyncio.sleep(0.2)
-    sys.stdout.write(orjson.dumps({"status": state.status, "engine": "temporal"}).decode() + "\n")
+    return code
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Parse the arguments and drive the run on Temporal once."""
+def main(argv: list[str] | None = None) -> int:
+    """Parse the arguments and drive the run (or the loop) on Temporal once; the exit code."""
     parser = argparse.ArgumentParser(prog="python -m tests.torture.temporal_engine")
     parser.add_argument("--address", required=True)
     parser.add_argument("--world", required=True)
     parser.add_argument("--run-id", required=True)
     parser.add_argument("--ledger", required=True, type=Path)
     parser.add_argument("--segment", required=True, type=int)
+    parser.add_argument("--loop", action="store_true", help="drive the outer loop RUN_ID")
     args = parser.parse_args(argv)
     configure_logging(json=True, level="WARNING")
-    ledger = Ledger(args.ledger, args.segment)
-    asyncio.run(_main(args.address, args.world, args.run_id, ledger))
+    return asyncio.run(_main(args))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

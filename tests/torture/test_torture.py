@@ -20,12 +20,19 @@ from tests.torture.checker import (
     LogFacts,
     RunImage,
     check_final,
+    check_fork,
     check_ledger,
+    check_loop,
+    check_loop_view,
     check_verify,
     check_verify_cli,
+    check_wait,
 )
-from tests.torture.child import BUG_ENV, RERUN_COMPLETED
+from tests.torture.child import BUG_ENV, LOOP_RERUN_CYCLE, RERUN_COMPLETED
 from tests.torture.driver import (
+    AFTER_WAIT,
+    LEDGERED_TOP_STEPS,
+    TOP_STEPS,
     AppendsKill,
     ForkServerEngine,
     SubprocessEngine,
@@ -36,7 +43,7 @@ from tests.torture.driver import (
 )
 from tests.torture.ledger import Entry, read_ledger, step_item
 from tests.torture.temporal_engine import TemporalEngine
-from tests.torture.workflow import BUGGY_STEP
+from tests.torture.workflow import APPROVAL, BUGGY_STEP, WAIT_STEP
 
 if TYPE_CHECKING:
     from tests.conftest import WorldSpec
@@ -47,8 +54,8 @@ pytestmark = pytest.mark.torture
 # failed under CI=true).
 dev_server = _temporal_support.dev_server
 
-SHORT_KILLS = 10
-SHORT_BOUNDARIES = 3
+SHORT_KILLS = 8
+SHORT_BOUNDARIES = 2
 SEED = 16
 
 
@@ -66,6 +73,9 @@ def test_short_torture(world_spec: WorldSpec, tmp_path: Path) -> None:
     assert summary.violations == []
     assert summary.kills >= SHORT_KILLS
     assert summary.resumes >= summary.kills
+    # Each capability ran under kills: a loop, a fork, and every run's wait signalled.
+    assert summary.loop_runs >= 1 and summary.fork_runs >= 1
+    assert sum(summary.signals.values()) == summary.runs - summary.loop_runs
 
 
 @pytest.mark.backends("sqlite")
@@ -92,7 +102,8 @@ def test_fresh_interpreter_per_process(world_spec: WorldSpec, tmp_path: Path) ->
     main = torturer.reference["<run>"].state
     assert isinstance(main, dict) and main["status"] == "completed"
     steps = main["steps"]
-    assert isinstance(steps, dict) and len(steps) == 20
+    assert isinstance(steps, dict) and len(steps) == 21
+    assert steps[WAIT_STEP] == {**steps[WAIT_STEP], "status": "completed", "output": APPROVAL}
     big = steps["big"]
     assert isinstance(big, dict) and big["output_ref"] is not None
 
@@ -109,12 +120,148 @@ def test_checker_flags_a_rerun_of_a_completed_step(world_spec: WorldSpec, tmp_pa
     finally:
         torturer.close()
     messages = [v.what for v in report.violations]
-    rerun = f"step torture-bug {BUGGY_STEP} #1 was committed when process 0 was killed"
+    rerun = f"step torture-bug {BUGGY_STEP} #1 was committed when process "
     assert any(m.startswith(rerun) for m in messages), messages
     assert "one more resume executed something" in messages
     # Nothing else is wrong with the run (its chains verify): the checker names what the
-    # bug did, only that.
+    # bug did, only that (a resume after the run waited ran ``prepare`` again too).
+    after_wait = f"step torture-bug {BUGGY_STEP} #1 was committed before the run waited"
+    assert all(
+        m.startswith((rerun, after_wait)) or m == "one more resume executed something"
+        for m in messages
+    ), messages
+
+
+@pytest.mark.backends("sqlite")
+def test_checker_flags_a_loop_cycle_that_reruns_its_committed_run(
+    world_spec: WorldSpec, tmp_path: Path
+) -> None:
+    """The loop's deliberate bug runs cycle 1's committed run's first step again: reported."""
+    torturer = Torturer(
+        world_spec.url,
+        tmp_path / "torture",
+        ForkServerEngine(),
+        env={BUG_ENV: LOOP_RERUN_CYCLE},
+        mode="loop",
+    )
+    torturer.open()
+    try:
+        # Killed after cycle 1's run completed (the loop makes ~45 appends).
+        report = torturer.run("torture-loop-bug", [AppendsKill(30)])
+    finally:
+        torturer.close()
+    messages = [v.what for v in report.violations]
+    rerun = "step torture-loop-bug.cycle-1 fetch #1 was committed when process 0 ended"
+    assert any(m.startswith(rerun) for m in messages), messages
     assert all(m.startswith(rerun) or m == "one more resume executed something" for m in messages)
+    # The loop's view file, edited behind its back, no longer is its log's view.
+    assert world_spec.data_dir is not None
+    view = world_spec.data_dir / "outer-loops" / "torture-loop-bug.json"
+    assert view.exists()
+    with world_spec.open() as world:
+        assert check_loop_view(world, "torture-loop-bug") == []
+        view.write_bytes(view.read_bytes().replace(b'"planner_done"', b'"max_cycles"'))
+        found = [v.what for v in check_loop_view(world, "torture-loop-bug")]
+    assert found == ["the loop's view file disagrees with its log"]
+
+
+@pytest.mark.backends("sqlite")
+def test_checker_flags_a_wait_or_a_fork_that_runs_what_it_must_not(
+    world_spec: WorldSpec, tmp_path: Path
+) -> None:
+    """Checks 8 and 10 on a real run and a real fork, given ledgers that break them."""
+    engine = ForkServerEngine()
+    runs = Torturer(world_spec.url, tmp_path / "torture", engine, owns_engine=False)
+    runs.open()
+    forks = Torturer(world_spec.url, tmp_path / "torture", engine, mode="fork", origin=runs)
+    forks.open()
+    try:
+        report = runs.run("torture-w", [AppendsKill(20)])
+        assert report.violations == [], report.violations
+        fork = forks.fork("torture-w-fork", [AppendsKill(5)], origin="torture-w", at="judge@2")
+        assert fork.violations == [], fork.violations
+        ledger = read_ledger(runs.workdir / "torture-w.ledger")
+        track = report.wait
+        assert track.waited_segment is not None and track.signal_segment is not None
+        good = check_wait("torture-w", runs.world, WAIT_STEP, APPROVAL, AFTER_WAIT, ledger, track)
+        assert good == []
+        # ``prepare`` again after the run waited; ``finish`` before the signal came.
+        late = Entry(step_item("torture-w", "prepare", 1), track.waited_segment + 1)
+        early = Entry(step_item("torture-w", "finish", 1), track.signal_segment - 1)
+        bad = check_wait(
+            "torture-w",
+            runs.world,
+            WAIT_STEP,
+            {"approved": False},
+            AFTER_WAIT,
+            [late, early],
+            track,
+        )
+        found = [v.what for v in bad]
+        assert len(found) == 5, found
+        assert "approve took 1 signals" not in " ".join(found)
+        assert found[0].startswith("approve recorded signal data")
+        assert "was committed before the run waited" in found[3]
+        assert "comes after the wait and executed in process" in found[4]
+
+        # The fork ran ``prepare`` (copied) again, and never ran ``finish`` (after judge@2).
+        inherited = fork.inherited
+        fork_ledger = read_ledger(forks.workdir / "torture-w-fork.ledger")
+        assert (
+            check_fork(
+                "torture-w-fork",
+                forks.world,
+                "torture-w",
+                "judge@2",
+                inherited,
+                fork_ledger,
+                TOP_STEPS,
+                LEDGERED_TOP_STEPS,
+            )
+            == []
+        )
+        again = Entry(step_item("torture-w-fork", "prepare", 1), 0)
+        entries = [e for e in fork_ledger if e.item.where != "finish"] + [again]
+        found = [
+            v.what
+            for v in check_fork(
+                "torture-w-fork",
+                forks.world,
+                "torture-w",
+                "judge@2",
+                inherited,
+                entries,
+                TOP_STEPS,
+                LEDGERED_TOP_STEPS,
+            )
+        ]
+        assert found == [
+            "step torture-w-fork prepare #1 is in the prefix the fork copied from torture-w and"
+            " executed again in the fork (process 0)",
+            "step finish (after the fork point judge@2) never executed in the fork",
+        ]
+    finally:
+        forks.close()
+        runs.close()
+        engine.close()
+
+
+def test_checker_flags_a_loop_that_ends_differently() -> None:
+    """Check 9 on hand-made loop images: another cycle sequence, another view, an unstable one."""
+
+    def view(decisions: list[bool], version: int) -> dict[str, Any]:
+        cycles = [
+            {"cycle": i + 1, "status": "done" if d else "completed", "decision": {"done": d}}
+            for i, d in enumerate(decisions)
+        ]
+        return {"version": version, "cycles": cycles}
+
+    want = view([False, False, True], 10)
+    assert check_loop("l", want, want, want) == []
+    found = [v.what for v in check_loop("l", view([False, True], 8), want, view([True], 1))]
+    assert found[0].startswith("cycle sequence [")
+    assert found[1].startswith("loop final state differs: at .cycles")
+    assert found[2] == "two loads of the loop gave different views"
 
 
 def test_checker_flags_double_execution_and_results_without_execution() -> None:
@@ -142,9 +289,20 @@ def test_checker_counts_in_flight_re_executions() -> None:
 
 def test_summary_line_names_every_figure() -> None:
     """The long version's one line: runs, kills, resumes, re-executions, violations, seconds."""
-    summary = Summary(runs=2, kills=3, resumes=4, reexecuted=1, seconds=1.5, engine="local-fork")
+    summary = Summary(
+        runs=4,
+        loop_runs=1,
+        fork_runs=1,
+        signals={"api": 1, "cli": 1, "live": 0},
+        kills=3,
+        resumes=4,
+        reexecuted=1,
+        seconds=1.5,
+        engine="local-fork",
+    )
     assert summary.line("postgresql://u:secret@h/db") == (
-        "torture engine=local-fork world=postgresql://u:***@h/db runs=2 kills=3 resumes=4"
+        "torture engine=local-fork world=postgresql://u:***@h/db runs=4 loop_runs=1"
+        " fork_runs=1 signals=api:1,cli:1,live:0 kills=3 resumes=4"
         " reexecuted_in_flight=1 violations=0 seconds=1.5"
     )
 
@@ -261,7 +419,11 @@ def test_checker_flags_a_rerun_of_a_completed_step_on_temporal(
     finally:
         torturer.env = {}
     messages = [v.what for v in report.violations]
-    rerun = f"step torture-temporal-bug {BUGGY_STEP} #1 was committed when process 0 was killed"
+    rerun = f"step torture-temporal-bug {BUGGY_STEP} #1 was committed when process "
     assert any(m.startswith(rerun) for m in messages), messages
     assert "one more resume executed something" in messages
-    assert all(m.startswith(rerun) or m == "one more resume executed something" for m in messages)
+    after_wait = f"step torture-temporal-bug {BUGGY_STEP} #1 was committed before the run waited"
+    assert all(
+        m.startswith((rerun, after_wait)) or m == "one more resume executed something"
+        for m in messages
+    ), messages

@@ -14,6 +14,9 @@
   ``start_workflow``, at most two at once;
 * ``nested`` - a subworkflow step running ``torture_nested``;
 * ``big`` - a task whose output (80 KiB) is stored as an artifact;
+* ``approve`` - a ``wait_for`` step: the run stops (the child exits, see
+  :data:`tests.torture.child.WAITING_EXIT_CODE`) until the driver signals it
+  (:data:`APPROVAL`), through ``World.signal`` or ``little signal``;
 * ``finish`` - a task gathering the outputs.
 
 Every step body, model call and tool call appends its :class:`~tests.torture.ledger.Item`
@@ -22,8 +25,9 @@ then yield for a few milliseconds, so that kills find items that ran but whose r
 is not committed yet (the ones a resume must execute again, once). Nothing here
 depends on the run id, so two runs of it end in the same state but for their ids.
 
-An outer loop (once the library has one) joins here as a step or as a driver of cycles;
-its cycle runs are sub-runs to the checker, which already follows every reserved sub-run.
+``torture_loop`` (:func:`build_loop`) is the outer loop of the suite: a planner
+(:class:`LedgeredPlanner`, one model call per cycle) that runs ``torture_sub`` with
+``{"n": 1}``, then ``{"n": 2}``, and says done in the third cycle.
 """
 
 from __future__ import annotations
@@ -33,11 +37,13 @@ import hashlib
 from collections.abc import Mapping
 
 import orjson
+from pydantic import BaseModel, ConfigDict
 
 from little_es import (
     Model,
     ModelRequest,
     ModelResponse,
+    Planner,
     RetryPolicy,
     ScriptedModel,
     ScriptedReply,
@@ -54,6 +60,7 @@ from little_es import (
     subworkflow,
     task,
     tool,
+    wait_for,
 )
 from tests.torture.ledger import Ledger, model_item, step_item, tool_item
 
@@ -63,10 +70,29 @@ NESTED_WORKFLOW_ID = "torture_nested"
 RUN_INPUT: Mapping[str, object] = {"branches": 6, "sub_runs": 3}
 BIG_OUTPUT_BYTES = 80 * 1024
 """Over the 64 KiB above which a step output is stored as an artifact."""
+WAIT_STEP = "approve"
+"""The ``wait_for`` step; its signal has the same name."""
+SIGNAL_ID = "torture-approve"
+"""The id every signal of the suite is sent with (the state records it)."""
+LOOP_CYCLES = 3
+"""The torture loop's cycles: two runs, and the planner says done in the third."""
 BUGGY_STEP = "prepare"
 """The step the deliberate bug of :mod:`tests.torture.child` runs again after it completed."""
 
 JSONDict = dict[str, object]
+
+
+class TortureApproval(BaseModel):
+    """The data of the ``approve`` signal (importable, so ``little signal`` validates it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    approved: bool
+    by: str
+
+
+APPROVAL: Mapping[str, object] = {"approved": True, "by": "torture driver"}
+"""What the driver signals, and so the ``approve`` step's output."""
 
 
 def _turn(request: ModelRequest) -> int:
@@ -242,6 +268,7 @@ def build_workflows(ledger: Ledger, run_id: str) -> tuple[Workflow, Workflow, Wo
             "orchestrate": out["orchestrate"],
             "nested": out["nested"],
             "big": len(out["big"]["blob"]),
+            "approve": out[WAIT_STEP],
         }
 
     research_model = ScriptedModel(
@@ -278,7 +305,57 @@ def build_workflows(ledger: Ledger, run_id: str) -> tuple[Workflow, Workflow, Wo
             ),
             subworkflow("nested", nested, input=lambda ctx: {"seed": 21}),
             task("big", big),
+            wait_for(WAIT_STEP, model=TortureApproval),
             task("finish", finish),
         ],
     )
     return main, sub, nested
+
+
+def _loop_context(request: ModelRequest) -> dict[str, object]:
+    text = next(str(m.content) for m in request.messages if m.role == "user")
+    context: dict[str, object] = orjson.loads(text.split("(JSON):\n", 1)[1])
+    return context
+
+
+class LedgeredPlanner:
+    """The torture loop's planner model: one call per cycle, ledgered as its planner run's.
+
+    The planner run's id is read from the loop context in the prompt (one model serves
+    every cycle of the loop); the answer depends on the completed cycles only.
+    """
+
+    provider = "openai"
+    model_id = "gpt-4o-mini"
+
+    def __init__(self, ledger: Ledger) -> None:
+        self._ledger = ledger
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """The decision for the cycle the prompt's context names."""
+        context = _loop_context(request)
+        cycle = int(str(context["cycle"]))
+        planner_run = f"{context['outer_loop_id']}.cycle-{cycle}.plan"
+        cycles = context["cycles"]
+        assert isinstance(cycles, list)
+        done = sum(1 for c in cycles if isinstance(c, dict) and c.get("status") == "completed")
+        body: JSONDict
+        if done >= LOOP_CYCLES - 1:
+            body = {"done": True, "reason": f"{done} cycles are enough"}
+        else:
+            body = {"done": False, "input": {"n": done + 1}, "reason": f"try n={done + 1}"}
+        self._ledger.append(model_item(planner_run, "plan", _turn(request)))
+        await asyncio.sleep(0.002)
+        return ModelResponse(
+            content=orjson.dumps(body).decode(),
+            usage=Usage(input_tokens=400, output_tokens=30),
+            provider=self.provider,
+            model=self.model_id,
+        )
+
+
+def build_loop(ledger: Ledger, run_id: str) -> tuple[Planner, Workflow]:
+    """The torture loop's planner and cycle workflow (``torture_sub``), writing to ``ledger``."""
+    _, sub, _ = build_workflows(ledger, run_id)
+    planner = Planner(model=LedgeredPlanner(ledger), prompt="Plan the next torture_sub cycle.")
+    return planner, sub
