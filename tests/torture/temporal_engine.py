@@ -50,6 +50,7 @@ from little_es import (
     run_outer_loop,
 )
 from little_es.outer_loop import cycle_run_id
+from tests.torture import forkserver
 from tests.torture.child import (
     BUG_ENV,
     LEASE_WAIT_S,
@@ -58,7 +59,7 @@ from tests.torture.child import (
     WAITING_EXIT_CODE,
     _rerun_completed_step,
 )
-from tests.torture.driver import REPO, Process, _Popen
+from tests.torture.driver import REPO, ForkServerEngine, Process, _Popen
 from tests.torture.ledger import Ledger
 from tests.torture.workflow import BUGGY_STEP, LOOP_CYCLES, RUN_INPUT, build_loop, build_workflows
 
@@ -71,6 +72,8 @@ STICKY_S = 1.0
 """How long a workflow task waits for the dead worker that cached the workflow."""
 CONNECT_WAIT_S = 30.0
 """How long a child retries connecting while the dev server warms up."""
+FORK_SERVER = "--fork-server"
+"""``python -m tests.torture.temporal_engine --fork-server``: serve forks of this module."""
 POLL_S = 0.1
 """How often a child reads the run's waits from the log while its workflow runs."""
 
@@ -81,16 +84,39 @@ def task_queue(run_id: str) -> str:
 
 
 @dataclass
+class _TemporalForkServer(ForkServerEngine):
+    """:mod:`tests.torture.forkserver` forking this module's children (temporalio imported)."""
+
+    def _proc(self) -> subprocess.Popen[bytes]:
+        if self._server is None:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("LITTLE_ES_CRASH_")}
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+            self._server = subprocess.Popen(
+                [sys.executable, "-m", "tests.torture.temporal_engine", FORK_SERVER],
+                cwd=REPO,
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+            )
+        return self._server
+
+
+@dataclass
 class TemporalEngine:
     """Children that drive the run on a Temporal worker of their own, one dev server for all.
 
     ``server``: a running dev server to use (not stopped by :meth:`close`); by default the
-    engine starts one on its first :meth:`start` and stops it in :meth:`close`.
+    engine starts one on its first :meth:`start` and stops it in :meth:`close`. ``fork``:
+    fork each child from a fork server that has imported temporalio and the suite (no
+    Temporal client or worker exists before the fork: each child makes its own), else a
+    fresh interpreter per child.
     """
 
     server: DevServer | None = None
+    fork: bool = True
     name: str = "temporal"
     _owned: DevServer | None = field(default=None, init=False, repr=False)
+    _forks: _TemporalForkServer | None = field(default=None, init=False, repr=False)
     _tmp: tempfile.TemporaryDirectory[str] | None = field(default=None, init=False, repr=False)
 
     def address(self) -> str:
@@ -109,6 +135,10 @@ class TemporalEngine:
     def start(self, argv: list[str], env: dict[str, str], out: Path) -> Process:
         """Start the child: a worker and the run's workflow on it."""
         address = self.address()
+        if self.fork:
+            if self._forks is None:
+                self._forks = _TemporalForkServer()
+            return self._forks.start(["--address", address, *argv], env, out)
         with out.open("wb") as sink:
             proc = subprocess.Popen(
                 [
@@ -128,7 +158,11 @@ class TemporalEngine:
         return _Popen(proc, out)
 
     def close(self) -> None:
-        """Stop the dev server the engine started (it may start another afterwards)."""
+        """Stop the fork server, and the dev server the engine started (it may start another
+        afterwards)."""
+        if self._forks is not None:
+            self._forks.close()
+            self._forks = None
         if self._owned is not None:
             self._owned.stop()
             self._owned = None
@@ -273,4 +307,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if sys.argv[1:] == [FORK_SERVER]:
+        # The fork server's children run this module's main instead of the local child's.
+        forkserver.child = sys.modules[__name__]  # type: ignore[assignment]
+        forkserver.main()
+    else:
+        sys.exit(main())
