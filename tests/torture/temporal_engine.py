@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     if sys.argv[1:] == [FORK_SERVER]:
         # The fork server's children run this module's main instead of the local child's.
-        forkserver.child = sys.modules[__name__]  # type: ignore[assignment]
+        vars(forkserver)["child"] = sys.modules[__name__]
         forkserver.main()
     else:
         sys.exit(main())
