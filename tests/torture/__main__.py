@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from tests.torture.driver import ForkServerEngine, SubprocessEngine, torture
+from tests.torture.driver import Engine, ForkServerEngine, SubprocessEngine, torture
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,22 +31,35 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--engine",
-        choices=("fork", "subprocess"),
+        choices=("fork", "subprocess", "temporal"),
         default="fork",
-        help="fork each process from a fork server (default) or start a fresh interpreter",
+        help="fork each process from a fork server (default), start a fresh interpreter, or"
+        " run each process as a Temporal worker driving the run (one dev server for all)",
     )
     parser.add_argument("--verbose", "-v", action="store_true", help="one line per run")
     args = parser.parse_args(argv)
     if not args.world:
         parser.error("give --world URL (or set LITTLE_ES_WORLD)")
-    summary = torture(
-        args.world,
-        kills=args.kills,
-        seed=args.seed,
-        boundaries=0 if args.no_enumerate else None,
-        engine=ForkServerEngine() if args.engine == "fork" else SubprocessEngine(),
-        log=args.verbose,
-    )
+    engine: Engine
+    if args.engine == "temporal":
+        # Imported here: the local engines do not need temporalio.
+        from tests.torture.temporal_engine import TemporalEngine
+
+        engine = TemporalEngine()
+    else:
+        engine = ForkServerEngine() if args.engine == "fork" else SubprocessEngine()
+    try:
+        summary = torture(
+            args.world,
+            kills=args.kills,
+            seed=args.seed,
+            boundaries=0 if args.no_enumerate else None,
+            engine=engine,
+            log=args.verbose,
+        )
+    finally:
+        # torture() closes it too, but not when its reference run fails: no dev server left.
+        engine.close()
     print(summary.line(args.world))
     for v in summary.violations:
         print(f"violation: {v}")

@@ -20,8 +20,9 @@ with ``fork_run`` and then resumed under kills like a run).
 
 The engine that starts a child is a seam (:class:`Engine`): :class:`SubprocessEngine`
 (a fresh interpreter per process) and :class:`ForkServerEngine` (forked from one that
-has imported everything, several times cheaper) run the local scheduler; an engine on
-Temporal starts children that drive the run on a worker.
+has imported everything, several times cheaper) run the local scheduler;
+:class:`tests.torture.temporal_engine.TemporalEngine` starts children that drive the run
+on a Temporal worker.
 """
 
 from __future__ import annotations

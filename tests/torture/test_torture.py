@@ -6,14 +6,16 @@ The long version: ``python -m tests.torture --kills 1000 --world URL``.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from little_es_temporal import DevServer
 
 from little_es import Workflow, World, run_workflow, task
 from little_es.ids import run_stream_id
+from tests import _temporal_support
 from tests.torture.checker import (
     LogFacts,
     RunImage,
@@ -40,12 +42,17 @@ from tests.torture.driver import (
     torture,
 )
 from tests.torture.ledger import Entry, read_ledger, step_item
+from tests.torture.temporal_engine import TemporalEngine
 from tests.torture.workflow import APPROVAL, BUGGY_STEP, WAIT_STEP
 
 if TYPE_CHECKING:
     from tests.conftest import WorldSpec
 
 pytestmark = pytest.mark.torture
+
+# One Temporal dev server for the module's Temporal tests (skipped without the binary,
+# failed under CI=true).
+dev_server = _temporal_support.dev_server
 
 SHORT_KILLS = 8
 SHORT_BOUNDARIES = 2
@@ -348,3 +355,75 @@ async def test_checker_flags_a_run_that_does_not_verify(
     assert len(found) == 1 and found[0].what.startswith("little verify: run run_verified"), found
     cli = check_verify_cli(world_spec.url)
     assert len(cli) == 1 and cli[0].what.startswith("little verify --all exited 1"), cli
+
+
+# ------------------------------------------------------------------ on Temporal
+
+TEMPORAL_SUB_RUN_KILL = AppendsKill(58)
+"""A worker's 58th append: among the orchestrator's sub-runs (child workflows), some of
+their steps committed, some not (an uninterrupted run's worker makes about 90)."""
+
+
+@pytest.fixture(scope="module")
+def temporal_torturer(
+    dev_server: DevServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Torturer]:
+    """A torturer on Temporal (one dev server, a worker per process), its reference run done."""
+    tmp = tmp_path_factory.mktemp("torture-temporal")
+    torturer = Torturer(f"sqlite:///{tmp / 'world'}", tmp / "torture", TemporalEngine(dev_server))
+    torturer.open()
+    try:
+        yield torturer
+    finally:
+        torturer.close()
+
+
+@pytest.mark.temporal
+@pytest.mark.timeout(300)
+def test_short_torture_on_temporal(temporal_torturer: Torturer) -> None:
+    """Workers killed among the sub-runs and by a timer: the run passes every check."""
+    torturer = temporal_torturer
+    # One kill by the worker's own hand among the sub-runs, one by a timer in the resume.
+    timer = TimerKill(torturer.startup_seconds + 0.7)
+    report = torturer.run("torture-temporal", [TEMPORAL_SUB_RUN_KILL, timer])
+    print(report.describe())
+    assert report.violations == []
+    assert report.segments[0].killed
+    # The orchestrator's sub-runs' steps ran on both sides of the first kill: sub-runs on
+    # Temporal were what the kill interrupted, and what the checks above covered.
+    sub_segments = {
+        e.segment
+        for e in read_ledger(torturer._ledger(report.run_id))
+        if e.item.run_id != report.run_id and e.item.where in ("fetch", "compute")
+    }
+    assert 0 in sub_segments and max(sub_segments) >= 1, sub_segments
+    assert sorted(torturer.reference) == [
+        "<<run>:nested/>",
+        "<<run>:orchestrate/s1>",
+        "<<run>:orchestrate/s2>",
+        "<<run>:orchestrate/s3>",
+        "<run>",
+    ]
+
+
+@pytest.mark.temporal
+@pytest.mark.timeout(300)
+def test_checker_flags_a_rerun_of_a_completed_step_on_temporal(
+    temporal_torturer: Torturer,
+) -> None:
+    """The deliberate bug, in a Temporal worker's process: reported as on the local engine."""
+    torturer = temporal_torturer
+    torturer.env = {BUG_ENV: RERUN_COMPLETED}
+    try:
+        report = torturer.run("torture-temporal-bug", [AppendsKill(12)])
+    finally:
+        torturer.env = {}
+    messages = [v.what for v in report.violations]
+    rerun = f"step torture-temporal-bug {BUGGY_STEP} #1 was committed when process "
+    assert any(m.startswith(rerun) for m in messages), messages
+    assert "one more resume executed something" in messages
+    after_wait = f"step torture-temporal-bug {BUGGY_STEP} #1 was committed before the run waited"
+    assert all(
+        m.startswith((rerun, after_wait)) or m == "one more resume executed something"
+        for m in messages
+    ), messages
