@@ -193,8 +193,17 @@ class _StartWorkflowTool(Tool):
             ctx.step_path, sub_run_id=sub_run_id, workflow_id=workflow.id, call_id=ctx.call_id
         )
         request_run = HostedRun(
-            sub_run_id, workflow, dict(request["input"]), ctx.run_id, ctx.step_path
+            sub_run_id,
+            workflow,
+            dict(request["input"]),
+            ctx.run_id,
+            ctx.step_path,
+            max_concurrency=self._max_concurrency,
         )
+        # Locally the semaphore is the bound. On Temporal host_run raises
+        # StepSuspendedError at once (releasing the permit), so every call of the
+        # turn gets through and the workflow applies the request's max_concurrency
+        # to the child workflows it starts.
         async with self._limit(ctx.run_id):
             try:
                 # The engine's host: in this process locally, a child workflow on Temporal.
@@ -227,7 +236,9 @@ def start_workflow_tool(workflows: Sequence[Workflow], *, max_concurrency: int =
     the call's ``sub_run_id``. The call returns ``{sub_run_id, status,
     output}`` once the sub-run completed, and fails (the model sees the error)
     when the sub-run fails. Calls of one turn run concurrently, at most
-    ``max_concurrency`` sub-runs at once per parent run. Raises
+    ``max_concurrency`` sub-runs at once per parent run, on either engine
+    (on Temporal, at most that many of the step's child workflows run at
+    once). Raises
     :class:`~little_es.errors.ToolError` for an empty list, anything that is not
     a :class:`~little_es.workflow.authoring.Workflow`, two workflows with one id,
     or a ``max_concurrency`` below 1. Use the returned tool as is: re-wrapping it

@@ -39,7 +39,7 @@ from little_es_temporal import (
     create_worker,
     start_run,
 )
-from little_es_temporal.workflow import SUBWORKFLOW_PATCH
+from little_es_temporal.workflow import SUB_RUN_LIMIT_PATCH, SUBWORKFLOW_PATCH
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowHistory
 from temporalio.exceptions import ActivityError
 from temporalio.service import RPCError
@@ -54,10 +54,10 @@ from little_es.faults import CRASH_AFTER_EVENT
 from little_es.harness.model import ScriptedModel, ScriptedReply
 from little_es.harness.tools import ToolContext, tool
 from little_es.ids import session_stream_id, step_lease_id
-from little_es.orchestrator import sub_run_id_for_call
+from little_es.orchestrator import start_workflow_tool, sub_run_id_for_call
 from little_es.outer_loop import encode_view, load_outer_loop, loop_view, run_outer_loop
 from little_es.replay import replay_run
-from little_es.values import ToolCall, Usage
+from little_es.values import ModelRequest, ToolCall, Usage
 from little_es.workflow.authoring import Workflow, agent, parallel, subworkflow, task
 from little_es.workflow.context import StepContext
 from little_es.workflow.ir import RetryPolicy
@@ -900,8 +900,9 @@ async def test_an_orchestrator_on_temporal_runs_its_sub_runs_as_child_workflows(
             history = await handle.fetch_history()
         assert isinstance(done.output, str) and done.output.startswith("3 sub-runs: ")
         assert done.output == replay_run(local, "run_orch").state.output
-        # The same states on both engines (the parent's streams interleave differently:
-        # locally one sub-run at a time, on Temporal all at once), the same sub-run logs.
+        # The same states on both engines (the parent's streams may interleave
+        # differently: the activity reserves every sub-run before the workflow starts
+        # the first), the same sub-run logs.
         assert replay_run(remote, "run_orch").state.model_dump(
             exclude={"started_at", "updated_at", "completed_at"}
         ) == replay_run(local, "run_orch").state.model_dump(
@@ -1359,6 +1360,92 @@ async def test_max_concurrency_bounds_a_groups_branches_on_temporal_as_locally(
         child = await client.get_workflow_handle(sub_run_id).describe()
         assert child.status is not None and child.status.name == "COMPLETED"
     await _replay_history(history)
+
+
+_SPANS: list[tuple[float, float]] = []
+"""(start, end) of each ``_timed_item`` run, monotonic seconds of this process."""
+
+
+async def _timed_item(ctx: StepContext) -> int:
+    started = time.monotonic()
+    await asyncio.sleep(0.5)
+    _SPANS.append((started, time.monotonic()))
+    return int(ctx.input["n"]) ** 2
+
+
+def _most_at_once(spans: list[tuple[float, float]]) -> int:
+    """The most spans open at one moment (an end before a start at the same instant)."""
+    edges = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
+def _fan_out_three(request: ModelRequest) -> ScriptedReply:
+    if not any(m.role == "assistant" for m in request.messages):
+        calls = tuple(
+            ToolCall(
+                id=f"w{i}",
+                name="start_workflow",
+                arguments={"workflow_id": "t_timed_item", "input": {"n": i}},
+            )
+            for i in range(3)
+        )
+        return ScriptedReply(content="fanning out", tool_calls=calls)
+    results = [m.content for m in request.messages if m.role == "tool"]
+    return ScriptedReply(content=" | ".join(map(str, results)))
+
+
+_TIMED_ITEM = Workflow("t_timed_item", version="1", steps=[task("work", _timed_item)])
+_BOUNDED_ORCHESTRATOR = Workflow(
+    "t_bounded_orchestrator",
+    version="1",
+    steps=[
+        agent(
+            "plan",
+            model=ScriptedModel(respond=_fan_out_three),
+            tools=[start_workflow_tool([_TIMED_ITEM], max_concurrency=2)],
+            prompt="Fan out 3",
+        )
+    ],
+)
+"""An orchestrator whose one turn asks for three sub-runs, at most two running at once."""
+
+
+@pytest.mark.backends("memory")
+async def test_start_workflow_max_concurrency_bounds_child_workflows_on_temporal_as_locally(
+    client: Client, world: World, tmp_path: Path
+) -> None:
+    with local_world(tmp_path / "local") as local:
+        _SPANS.clear()
+        expected = await run_workflow(local, _BOUNDED_ORCHESTRATOR, {}, run_id="run_bounded")
+        assert len(_SPANS) == 3 and _most_at_once(_SPANS) == 2
+    _SPANS.clear()
+    queue = _queue()
+    worker = create_worker(
+        client, world, workflows=[_BOUNDED_ORCHESTRATOR, _TIMED_ITEM], task_queue=queue
+    )
+    async with worker:
+        handle = await start_run(
+            client, _BOUNDED_ORCHESTRATOR, run_id="run_bounded", task_queue=queue
+        )
+        done = await handle.result()
+        history = await handle.fetch_history()
+    # Three child workflows, never more than two of them running at once.
+    assert len(_SPANS) == 3 and _most_at_once(_SPANS) == 2
+    assert done.output == expected.output
+    assert isinstance(done.output, str) and done.output.count("completed") == 3
+    ids = _item_ids("run_bounded", 3)
+    for sub_run_id in ids:
+        assert replay_run(world, sub_run_id).state.status == "completed"
+        child = await client.get_workflow_handle(sub_run_id).describe()
+        assert child.status is not None and child.status.name == "COMPLETED"
+    assert SUB_RUN_LIMIT_PATCH in _patches(history)
+    await _replay_history(history)
+    if os.environ.get(_WRITE_HISTORIES):
+        (_HISTORIES / "orchestrator_bounded.json").write_text(history.to_json())
 
 
 # ------------------------------------------------------------ outer loops on Temporal

@@ -233,6 +233,7 @@ class TemporalSubRunHost(SubRunHost):
             input=inline,
             input_ref=ref,
             parent_step_path=request.parent_step_path,
+            max_concurrency=request.max_concurrency,
         )
 
 

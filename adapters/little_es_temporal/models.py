@@ -182,6 +182,15 @@ class SubRunStart(_Frozen):
     input: JSONValue = None
     input_ref: ArtifactRef | None = None
     parent_step_path: str
+    max_concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "At most this many of a step's sub-runs run at once (the smallest one given among"
+            " them wins); None: no bound (a subworkflow step, or a result recorded before"
+            " the field existed)."
+        ),
+    )
 
 
 SIGNAL_NAME = "little_es.signal"

@@ -81,6 +81,7 @@ with workflow.unsafe.imports_passed_through():
 __all__ = [
     "SUBWORKFLOW_PATCH",
     "SUB_RUNS_PATCH",
+    "SUB_RUN_LIMIT_PATCH",
     "WAITS_PATCH",
     "WORKFLOW_TYPE",
     "LittleRunWorkflow",
@@ -124,6 +125,9 @@ def step_retry_policy(policy: RetryPolicy) -> TemporalRetryPolicy:
 
 SUB_RUNS_PATCH = "little_es.step-hosted-sub-runs"
 """The patch id of child workflows a step activity asks for (orchestrator sub-runs)."""
+
+SUB_RUN_LIMIT_PATCH = "little_es.sub-run-max-concurrency"
+"""The patch id of a step's child workflows started at most ``max_concurrency`` at once."""
 
 SUBWORKFLOW_PATCH = "little_es.hosted-subworkflow-steps"
 """The patch id of subworkflow steps run as a step activity through the sub-run host."""
@@ -319,8 +323,11 @@ class LittleRunWorkflow:
     async def _host(self, starts: tuple[SubRunStart, ...]) -> None:
         """Run each sub-run as a child workflow (id = sub-run id) and wait for them all.
 
-        A child that failed is left to the step, run again, to read from the
-        child's log; a refusal (or a stop) is the run's: nothing more runs.
+        At most the smallest ``max_concurrency`` among ``starts`` run at once
+        (``start_workflow_tool``'s bound, as the local engine applies it); none
+        given: all at once. A child that failed is left to the step, run again,
+        to read from the child's log; a refusal (or a stop) is the run's:
+        nothing more runs.
         """
 
         async def child(start: SubRunStart) -> None:
@@ -345,6 +352,18 @@ class LittleRunWorkflow:
                         refused.message, REFUSED_MARKER, type=refused.type, non_retryable=True
                     ) from None
 
+        limits = [s.max_concurrency for s in starts if s.max_concurrency is not None]
+        # Histories from before the bound started every child at once; the patch
+        # marks the ones that start them through it (only when there is a bound,
+        # so hosts without one keep their histories as they were).
+        if limits and workflow.patched(SUB_RUN_LIMIT_PATCH):
+            by_key = {str(n): start for n, start in enumerate(starts)}
+
+            async def keyed(key: str) -> None:
+                await child(by_key[key])
+
+            await gather_branches(list(by_key), min(limits), keyed)
+            return
         await asyncio.gather(*(child(start) for start in starts))
 
     async def _parallel(self, step: StepIR, path: str, visit: int) -> StepDone:

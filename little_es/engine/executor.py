@@ -595,6 +595,11 @@ class HostedRun:
 
     The id is reserved (``SubRunReserved`` on the parent's stream) before the
     run is hosted, so a crash never hosts a second run for one request.
+    ``max_concurrency`` is the requester's bound on how many of its sub-runs
+    run at once (``start_workflow_tool``'s); None (a subworkflow step) sets
+    none. The local engine applies it in the tool itself; an engine that hosts
+    a step's requests all together elsewhere (Temporal's child workflows)
+    applies the smallest one given.
     """
 
     run_id: str
@@ -602,6 +607,7 @@ class HostedRun:
     input: Mapping[str, Any]
     parent_run_id: str
     parent_step_path: str
+    max_concurrency: int | None = None
 
 
 class SubRunHost(ABC):
