@@ -14,13 +14,14 @@ temporary SQLite file; a fresh PostgreSQL schema, dropped afterwards):
   ``--steps`` trivial task steps with ``run_workflow``; the figure is the total steps/s,
   N x steps over the time from the first process's start to the last one's end (and the
   slowest and fastest process's own steps/s);
-* **floor**: N processes (forked the same way) each do, per step, the commits the
-  runtime's log does at least: one ``INSERT`` + ``COMMIT`` of a row as large as that
-  world's ``StepStarted`` rows (not fsynced, as the runtime's write-ahead commit:
-  ``synchronous=NORMAL`` on SQLite, ``synchronous_commit=off`` on PostgreSQL), then one
-  of a row as large as its ``StepCompleted`` rows, fsynced (SQLite ``synchronous=FULL``,
-  WAL; PostgreSQL's default commit). Plain ``sqlite3`` / ``psycopg``, one table with the
-  same unique (stream, version) key, no chain, no heads, no reads.
+* **floor**: N processes (forked the same way) each do, per step, the commit the
+  runtime's log does at least: one transaction, fsynced (SQLite ``synchronous=FULL``,
+  WAL; PostgreSQL's default commit), of two ``INSERT`` s, rows as large as that world's
+  ``StepCompleted`` and ``StepStarted`` rows (the local engine commits a step's
+  ``StepCompleted`` with the next step's ``StepStarted``). Plain ``sqlite3`` /
+  ``psycopg``, one table with the same unique (stream, version) key, no chain, no
+  heads, no reads. ``Client CPU per step`` is the CPU time of the one-writer
+  processes (every thread) over their steps.
 
 The ratio is floor / little_es steps/s: how many times the floor's cost a step costs
 when N processes write at once; "x N=1" is little_es's total over its total with the
@@ -40,6 +41,7 @@ import argparse
 import os
 import signal
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -79,6 +81,7 @@ def _throughput(children: list[dict[str, Any]], steps: int) -> dict[str, float]:
         "total": len(children) * steps / (ended - began),
         "slowest": each[0],
         "fastest": each[-1],
+        "cpu_ms": statistics.mean(c["cpu_s"] for c in children) / steps * 1000,
     }
 
 
@@ -120,11 +123,11 @@ def _fork_all(writers: int, work: Callable[[int], None], workdir: Path) -> list[
                 (workdir / f"ready-{i}").touch()
                 while not go.exists():
                     time.sleep(0.001)
-                started = time.monotonic()
+                started, cpu = time.monotonic(), time.process_time()
                 work(i)
-                ended = time.monotonic()
+                ended, cpu = time.monotonic(), time.process_time() - cpu
                 (workdir / f"out-{i}.json").write_bytes(
-                    orjson.dumps({"started": started, "ended": ended})
+                    orjson.dumps({"started": started, "ended": ended, "cpu_s": cpu})
                 )
                 code = 0
             finally:
@@ -152,13 +155,14 @@ def _fork_all(writers: int, work: Callable[[int], None], workdir: Path) -> list[
     return [orjson.loads((workdir / f"out-{i}.json").read_bytes()) for i in range(writers)]
 
 
-def _rows(sizes: dict[str, int]) -> list[tuple[str, bytes, bool]]:
-    """The two rows of a step: (topic, payload of the same size, fsynced)."""
-    return [(t, b"x" * sizes[t], t == "StepCompleted") for t in STEP_TOPICS]
+def _rows(sizes: dict[str, int]) -> list[tuple[str, bytes]]:
+    """The two rows of a step's one commit: (topic, payload of the same size)."""
+    return [(t, b"x" * sizes[t]) for t in STEP_TOPICS]
 
 
 def sqlite_floor(path: Path, writers: int, steps: int, sizes: dict[str, int]) -> dict[str, float]:
-    """N processes, per step two plain INSERT+COMMITs into one WAL-mode SQLite file."""
+    """N processes, per step one fsynced COMMIT of two plain INSERTs into one WAL-mode
+    SQLite file."""
     setup = sqlite3.connect(path, isolation_level=None)
     setup.execute("PRAGMA journal_mode=WAL")
     setup.execute(
@@ -170,18 +174,18 @@ def sqlite_floor(path: Path, writers: int, steps: int, sizes: dict[str, int]) ->
 
     def work(i: int) -> None:
         conn = sqlite3.connect(path, isolation_level=None, timeout=TIMEOUT_S)
+        conn.execute("PRAGMA synchronous=FULL")
         stream = uuid.uuid4().hex
         version = 0
         for _ in range(steps):
-            for topic, state, fsynced in rows:
+            conn.execute("BEGIN IMMEDIATE")
+            for topic, state in rows:
                 version += 1
-                conn.execute(f"PRAGMA synchronous={'FULL' if fsynced else 'NORMAL'}")
-                conn.execute("BEGIN IMMEDIATE")
                 conn.execute(
                     "INSERT INTO rows (stream, version, topic, state) VALUES (?, ?, ?, ?)",
                     (stream, version, topic, state),
                 )
-                conn.execute("COMMIT")
+            conn.execute("COMMIT")
         conn.close()
 
     children = _fork_all(writers, work, path.parent / f"floor-{writers}")
@@ -191,7 +195,7 @@ def sqlite_floor(path: Path, writers: int, steps: int, sizes: dict[str, int]) ->
 def postgres_floor(
     dsn: str, schema: str, writers: int, steps: int, sizes: dict[str, int]
 ) -> dict[str, float]:
-    """N processes, per step two plain INSERT+COMMITs into one PostgreSQL table."""
+    """N processes, per step one COMMIT of two plain INSERTs into one PostgreSQL table."""
     table = sql.Identifier(schema, f"floor_{writers}")
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
@@ -208,11 +212,9 @@ def postgres_floor(
             stream = uuid.uuid4()
             version = 0
             for _ in range(steps):
-                for topic, state, fsynced in rows:
-                    version += 1
-                    with conn.transaction():
-                        if not fsynced:
-                            conn.execute("SET LOCAL synchronous_commit TO OFF")
+                with conn.transaction():
+                    for topic, state in rows:
+                        version += 1
                         conn.execute(insert.format(table), (stream, version, topic, state))
 
     with tempfile.TemporaryDirectory(prefix="bench-concurrency-floor-") as tmp:
@@ -319,6 +321,20 @@ def main(argv: list[str] | None = None) -> int:
                     f" {ratio:5.2f} | {ours['total'] / one:5.2f}"
                 )
                 procs = f"{n} process{'es' if n > 1 else ''}"
+                if n == 1:
+                    # The client's own cost, where no other writer shares the cores.
+                    print(
+                        f"{backend:8} client CPU per step, 1 process: {ours['cpu_ms']:.3f} ms"
+                        f" (floor {floor['cpu_ms']:.3f} ms)"
+                    )
+                    figures.add(
+                        f"{backend}: CPU per task step in the process driving the run"
+                        f" (1 process, {args.steps} steps)",
+                        ours["cpu_ms"],
+                        "ms",
+                        baseline=floor["cpu_ms"],
+                        baseline_what="the floor's process making the same commits",
+                    )
                 figures.add(
                     f"{backend}: {procs} at once, each driving its own run of {args.steps}"
                     f" trivial task steps: in total (each process: {_span(ours)} steps/s)",
@@ -326,14 +342,14 @@ def main(argv: list[str] | None = None) -> int:
                     "steps/s",
                     baseline=floor["total"],
                     baseline_what=(
-                        f"{procs} making the same commits of plain INSERTs of rows of the same"
-                        f" size ({sizes['StepStarted']} B not fsynced,"
-                        f" {sizes['StepCompleted']} B fsynced)"
+                        f"{procs} making the same commit of plain INSERTs of rows of the same"
+                        f" size ({sizes['StepCompleted']} B and {sizes['StepStarted']} B,"
+                        " fsynced), one a step"
                     ),
                 )
         print(
-            "floor: per step one INSERT+COMMIT of a row the size of StepStarted (not fsynced)"
-            " and one of StepCompleted (fsynced); ratio = floor / little_es"
+            "floor: per step one fsynced COMMIT of two INSERTs, rows the size of StepCompleted"
+            " and StepStarted; ratio = floor / little_es"
         )
     return 0
 

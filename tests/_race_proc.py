@@ -123,6 +123,7 @@ def _child(i: int, args: argparse.Namespace) -> dict[str, Any]:
         (args.dir / f"ready-{i}").touch()
         _wait_for(args.dir / "go", 60.0)
         outcome["started"] = time.monotonic()
+        cpu = time.process_time()
         try:
             if args.mode == "race":
                 _ledger = Ledger(args.dir / "ledger", os.getpid())
@@ -144,6 +145,8 @@ def _child(i: int, args: argparse.Namespace) -> dict[str, Any]:
                 status=result.state.status,
             )
         outcome["ended"] = time.monotonic()
+        # This process's CPU (every thread's), for the client's cost per step.
+        outcome["cpu_s"] = time.process_time() - cpu
     finally:
         world.close()
     return outcome
