@@ -18,7 +18,7 @@ and each is priced at its own rate (genai-prices' Anthropic prices).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, cast
 
@@ -34,7 +34,8 @@ except ImportError as _exc:  # pragma: no cover - depends on the installed extra
         " pip install 'little-es[anthropic]'"
     ) from _exc
 
-from little_es.errors import ModelConfigError, ModelError
+from little_es.contrib._provider import ProviderModel
+from little_es.errors import ModelConfigError
 from little_es.values import JSONValue, Message, ModelRequest, ModelResponse, ToolSpec, Usage
 
 __all__ = ["AnthropicModel"]
@@ -42,10 +43,6 @@ __all__ = ["AnthropicModel"]
 # Keys this class fills in itself; a parameter with one of these names would
 # silently override the conversation or switch the wire format to streaming.
 _RESERVED_PARAMETERS = frozenset({"messages", "model", "tools", "stream", "system"})
-
-# Statuses where the same request can succeed later: timeout, conflict, rate limit
-# (and every 5xx, Anthropic's 529 "overloaded" included).
-_RETRYABLE_STATUSES = frozenset({408, 409, 429})
 
 # Stop reasons after which the answer cannot be used as it is.
 _UNUSABLE_STOPS = {
@@ -55,7 +52,7 @@ _UNUSABLE_STOPS = {
 _DEFAULT_MAX_TOKENS = 4096
 
 
-class AnthropicModel:
+class AnthropicModel(ProviderModel):
     """A Claude model reached through ``AsyncAnthropic().messages.create``.
 
     ``parameters`` (``max_tokens``, ``temperature``, ``tool_choice``,
@@ -74,6 +71,13 @@ class AnthropicModel:
     ``base_url``/``api_key`` (a client is created with ``max_retries=0``: retries
     are the runtime's decision, made from :attr:`ModelError.retryable`).
     """
+
+    _reserved_parameters = _RESERVED_PARAMETERS
+    _filled_in = "messages, tools, the system text and the model"
+    _api_key_variable = "ANTHROPIC_API_KEY"
+    _status_advice = MappingProxyType(
+        {413: "the request is too large; shorten the conversation or the tool results"}
+    )
 
     def __init__(
         self,
@@ -99,7 +103,7 @@ class AnthropicModel:
                 f"AnthropicModel parameters must be a mapping, got {type(parameters).__name__}"
             )
         params = dict(parameters or {})
-        _check_parameters(params, "AnthropicModel parameters", ModelConfigError)
+        self._check_parameters(params, "AnthropicModel parameters", ModelConfigError)
         # A client we create is ours to close; a client passed in belongs to the caller.
         self._owns_client = client is None
         if client is not None:
@@ -127,21 +131,6 @@ class AnthropicModel:
         self._max_tokens = max_tokens
         self._parameters: Mapping[str, JSONValue] = MappingProxyType(params)
 
-    @property
-    def provider(self) -> str:
-        """The provider name used for pricing (``"anthropic"`` unless given)."""
-        return self._provider
-
-    @property
-    def model_id(self) -> str:
-        """The model name sent with every request."""
-        return self._model_id
-
-    @property
-    def parameters(self) -> Mapping[str, JSONValue]:
-        """The default request parameters given at construction (read-only)."""
-        return self._parameters
-
     async def aclose(self) -> None:
         """Close the HTTP client if this model created it (a client passed in is left open)."""
         if self._owns_client:
@@ -160,7 +149,7 @@ class AnthropicModel:
                 f"complete expects a ModelRequest, got {type(request).__name__}", retryable=False
             )
         params = {**self._parameters, **request.parameters}
-        _check_parameters(params, "request parameters", self._parameter_error)
+        self._check_parameters(params, "request parameters", self._parameter_error)
         max_tokens = params.pop("max_tokens", self._max_tokens)
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise self._error(
@@ -181,13 +170,7 @@ class AnthropicModel:
                 extra_body=body,
             )
         except anthropic.APIStatusError as exc:
-            status = exc.status_code
-            retryable = status in _RETRYABLE_STATUSES or status >= 500
-            raise self._error(
-                f"call failed with HTTP {status}: {exc.message}; {_advice(status, retryable)}",
-                retryable=retryable,
-                status=status,
-            ) from exc
+            raise self._status_error(exc.status_code, exc.message) from exc
         except anthropic.APIConnectionError as exc:
             # APITimeoutError is a subclass: both mean the request may not have
             # reached the model, so trying again can help.
@@ -211,17 +194,6 @@ class AnthropicModel:
                 retryable=False,
             ) from exc
         return self._response_from_anthropic(answer)
-
-    def _error(self, detail: str, *, retryable: bool, status: int | None = None) -> ModelError:
-        return ModelError(
-            f"{self._provider} model {self._model_id!r}: {detail}",
-            retryable=retryable,
-            provider=self._provider,
-            status=status,
-        )
-
-    def _parameter_error(self, message: str) -> ModelError:
-        return self._error(message, retryable=False)
 
     def _conversation(
         self, messages: tuple[Message, ...]
@@ -341,21 +313,6 @@ class AnthropicModel:
         return decoded
 
 
-def _check_parameters(
-    params: dict[str, JSONValue], what: str, error: Callable[[str], Exception]
-) -> None:
-    bad = sorted(str(k) for k in params if not isinstance(k, str) or k in _RESERVED_PARAMETERS)
-    if bad:
-        raise error(
-            f"{what} must not set {', '.join(bad)}: messages, tools, the system text and the"
-            " model come from the request and the model id, and streaming is not supported"
-        )
-    try:
-        orjson.dumps(params)
-    except TypeError as exc:
-        raise error(f"{what} must be JSON values ({exc})") from exc
-
-
 def _tool_to_anthropic(spec: ToolSpec) -> dict[str, Any]:
     tool: dict[str, Any] = {
         "name": spec.name,
@@ -384,15 +341,3 @@ def _usage_from_anthropic(answer: AnthropicMessage) -> Usage:
         cache_write_tokens=written,
         reasoning_tokens=min(thinking, output),
     )
-
-
-def _advice(status: int, retryable: bool) -> str:
-    if retryable:
-        return "the runtime may retry"
-    if status in (401, 403):
-        return "check the API key (api_key= or ANTHROPIC_API_KEY) and its permissions"
-    if status == 404:
-        return "check the model id and base_url"
-    if status == 413:
-        return "the request is too large; shorten the conversation or the tool results"
-    return "the provider refused the request; check the messages, tools and parameters"

@@ -7,7 +7,7 @@ Ollama, LiteLLM, ...) through ``base_url``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, cast
 
@@ -22,7 +22,8 @@ except ImportError as _exc:  # pragma: no cover - depends on the installed extra
         "little_es.contrib.openai needs the openai package: pip install 'little-es[openai]'"
     ) from _exc
 
-from little_es.errors import ModelConfigError, ModelError
+from little_es.contrib._provider import ProviderModel
+from little_es.errors import ModelConfigError
 from little_es.values import JSONValue, Message, ModelRequest, ModelResponse, ToolSpec, Usage
 
 __all__ = ["OpenAIChatModel"]
@@ -31,11 +32,8 @@ __all__ = ["OpenAIChatModel"]
 # silently override the conversation or switch the wire format to streaming.
 _RESERVED_PARAMETERS = frozenset({"messages", "model", "tools", "stream"})
 
-# Statuses where the same request can succeed later: timeout, conflict, rate limit.
-_RETRYABLE_STATUSES = frozenset({408, 409, 429})
 
-
-class OpenAIChatModel:
+class OpenAIChatModel(ProviderModel):
     """A model reached through ``AsyncOpenAI().chat.completions.create``.
 
     ``parameters`` (temperature, max_tokens, tool_choice, ...) are sent with
@@ -47,6 +45,10 @@ class OpenAIChatModel:
     ``base_url``/``api_key`` (a client is created with ``max_retries=0``: retries
     are the runtime's decision, made from :attr:`ModelError.retryable`).
     """
+
+    _reserved_parameters = _RESERVED_PARAMETERS
+    _filled_in = "messages, tools and the model"
+    _api_key_variable = "OPENAI_API_KEY"
 
     def __init__(
         self,
@@ -67,7 +69,7 @@ class OpenAIChatModel:
                 f"OpenAIChatModel parameters must be a mapping, got {type(parameters).__name__}"
             )
         params = dict(parameters or {})
-        _check_parameters(params, "OpenAIChatModel parameters", ModelConfigError)
+        self._check_parameters(params, "OpenAIChatModel parameters", ModelConfigError)
         # A client we create is ours to close; a client passed in belongs to the caller.
         self._owns_client = client is None
         if client is not None:
@@ -94,21 +96,6 @@ class OpenAIChatModel:
         self._client = client
         self._parameters: Mapping[str, JSONValue] = MappingProxyType(params)
 
-    @property
-    def provider(self) -> str:
-        """The provider name used for pricing (``"openai"`` unless given)."""
-        return self._provider
-
-    @property
-    def model_id(self) -> str:
-        """The model name sent with every request."""
-        return self._model_id
-
-    @property
-    def parameters(self) -> Mapping[str, JSONValue]:
-        """The default request parameters given at construction (read-only)."""
-        return self._parameters
-
     async def aclose(self) -> None:
         """Close the HTTP client if this model created it (a client passed in is left open)."""
         if self._owns_client:
@@ -126,7 +113,7 @@ class OpenAIChatModel:
                 f"complete expects a ModelRequest, got {type(request).__name__}", retryable=False
             )
         params = {**self._parameters, **request.parameters}
-        _check_parameters(params, "request parameters", self._parameter_error)
+        self._check_parameters(params, "request parameters", self._parameter_error)
         body: dict[str, Any] = dict(params)
         if request.tools:
             body["tools"] = [_tool_to_chat(spec) for spec in request.tools]
@@ -138,13 +125,7 @@ class OpenAIChatModel:
                 extra_body=body,
             )
         except openai.APIStatusError as exc:
-            status = exc.status_code
-            retryable = status in _RETRYABLE_STATUSES or status >= 500
-            raise self._error(
-                f"call failed with HTTP {status}: {exc.message}; {_advice(status, retryable)}",
-                retryable=retryable,
-                status=status,
-            ) from exc
+            raise self._status_error(exc.status_code, exc.message) from exc
         except openai.APIConnectionError as exc:
             # APITimeoutError is a subclass: both mean the request may not have
             # reached the model, so trying again can help.
@@ -160,17 +141,6 @@ class OpenAIChatModel:
                 retryable=False,
             ) from exc
         return self._response_from_chat(completion)
-
-    def _error(self, detail: str, *, retryable: bool, status: int | None = None) -> ModelError:
-        return ModelError(
-            f"{self._provider} model {self._model_id!r}: {detail}",
-            retryable=retryable,
-            provider=self._provider,
-            status=status,
-        )
-
-    def _parameter_error(self, message: str) -> ModelError:
-        return self._error(message, retryable=False)
 
     def _message_to_chat(self, message: Message, index: int) -> dict[str, Any]:
         if message.role == "tool":
@@ -260,21 +230,6 @@ class OpenAIChatModel:
         return decoded
 
 
-def _check_parameters(
-    params: dict[str, JSONValue], what: str, error: Callable[[str], Exception]
-) -> None:
-    bad = sorted(str(k) for k in params if not isinstance(k, str) or k in _RESERVED_PARAMETERS)
-    if bad:
-        raise error(
-            f"{what} must not set {', '.join(bad)}: messages, tools and the model come from the"
-            " request and the model id, and streaming is not supported"
-        )
-    try:
-        orjson.dumps(params)
-    except TypeError as exc:
-        raise error(f"{what} must be JSON values ({exc})") from exc
-
-
 def _tool_to_chat(spec: ToolSpec) -> dict[str, Any]:
     return {
         "type": "function",
@@ -298,13 +253,3 @@ def _usage_from_chat(completion: ChatCompletion) -> Usage:
         cached_input_tokens=getattr(prompt_details, "cached_tokens", None) or 0,
         reasoning_tokens=getattr(completion_details, "reasoning_tokens", None) or 0,
     )
-
-
-def _advice(status: int, retryable: bool) -> str:
-    if retryable:
-        return "the runtime may retry"
-    if status in (401, 403):
-        return "check the API key (api_key= or OPENAI_API_KEY) and its permissions"
-    if status == 404:
-        return "check the model id and base_url"
-    return "the provider refused the request; check the messages, tools and parameters"
