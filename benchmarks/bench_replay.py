@@ -59,7 +59,7 @@ from little_es import (
     materialize_run_state,
     replay_run,
 )
-from little_es.chain import payload_of, verify_stream
+from little_es.chain import FRAME_SIZE, payload_of, verify_stream
 from little_es.codec import PydanticMapper
 from little_es.materialize import COUNTED_ONLY
 from little_es.pricing import price_usage_exact
@@ -174,7 +174,7 @@ def raw_read(db: Path, streams: list[UUID]) -> int:
             ).fetchall()
             # The floor parses the payload behind each row's chain frame, unverified.
             for _version, _topic, state in rows:
-                loads(state[65:])
+                loads(state[FRAME_SIZE:])
             n += len(rows)
         return n
     finally:

@@ -79,6 +79,7 @@ from little_es import (
     mysql_world,
     postgres_world,
 )
+from little_es.chain import FRAME_SIZE
 from little_es.pricing import price_usage_exact
 from little_es.world import LittleApplication
 
@@ -259,7 +260,7 @@ class SqliteBackend(Backend):
             conn.close()
         loads = orjson.loads
         # The floor parses the payload behind each row's chain frame, unverified.
-        return [(topic, loads(state[65:])) for topic, state in rows]
+        return [(topic, loads(state[FRAME_SIZE:])) for topic, state in rows]
 
     def commit_floor(self, row: bytes) -> Callable[[], None]:
         """sqlite3 in the world's file, WAL and synchronous=FULL as the world has them."""
@@ -310,7 +311,7 @@ class PostgresBackend(Backend):
             ).fetchall()
         loads = orjson.loads
         # The floor parses the payload behind each row's chain frame, unverified.
-        return [(topic, loads(state[65:])) for topic, state in rows]
+        return [(topic, loads(state[FRAME_SIZE:])) for topic, state in rows]
 
     def describe(self) -> str:
         """Server version."""
@@ -376,7 +377,7 @@ class MySQLBackend(Backend):
             )
             rows = cur.fetchall()
         loads = orjson.loads
-        return [(topic, loads(state[65:])) for topic, state in rows]
+        return [(topic, loads(state[FRAME_SIZE:])) for topic, state in rows]
 
     def commit_floor(self, row: bytes) -> Callable[[], None]:
         """pymysql, one connection, in the world's database."""
@@ -586,7 +587,7 @@ def _table(results: dict[str, dict[str, Any]], batch: int, single: int) -> str:
         ("raw SELECT + orjson.loads", "{raw_eps:,.0f} ev/s"),
         ("read_stream time / raw time", "{ratio:.1f}x"),
         ("events in the stream", "{events:,}"),
-        ("mean stored row (payload + 65 B chain frame)", "{mean_bytes:.0f} B"),
+        ("mean stored row (payload + 33 B chain frame)", "{mean_bytes:.0f} B"),
     ]
     width = max(len(label) for label, _ in lines)
     cols = [[fmt.format(**results[n]) for _, fmt in lines] for n in names]

@@ -2,13 +2,20 @@
 
 Each stored row of a stream is framed::
 
-    0x01 | prev (32 bytes) | digest (32 bytes) | payload
+    0x02 | prev (16 bytes) | digest (16 bytes) | payload
 
 ``digest`` is the SHA-256 of ``prev``, the stream id, the version, the topic
-and the payload bytes as stored; ``prev`` is the previous row's digest
-(:data:`GENESIS` for version 1). So each row carries the hash of the one
-before it and its own, and a single row can be checked on its own
-(:func:`unframe`).
+and the payload bytes as stored, cut to its first 16 bytes; ``prev`` is the
+previous row's digest (:data:`GENESIS` for version 1). So each row carries the
+hash of the one before it and its own, and a single row can be checked on its
+own (:func:`unframe`). Sixteen bytes are as good as thirty-two against what the
+chain is for (an edit must match a digest it cannot choose: 2**128 tries), and a
+task step's two rows are 64 bytes smaller.
+
+Rows written before (log format 2, :data:`FRAME_TAG_V1`) carry the digests
+whole: ``0x01 | prev (32) | digest (32) | payload``; they read, verify and link
+as they were written, and a stream continues from them in the short frame (the
+first short row's ``prev`` is the long digest before it, cut to 16 bytes).
 
 A stream read whole is checked in one pass instead (:func:`verify_stream`):
 one SHA-256 over the stream id and every row's topic and stored bytes (frame
@@ -48,12 +55,20 @@ from uuid import UUID
 from little_es.errors import LogTamperedError
 from little_es.events import event_class_for
 
-FRAME_TAG = 0x01
+FRAME_TAG = 0x02
+"""The first byte of a row in the frame written today."""
+FRAME_TAG_V1 = 0x01
+"""The first byte of a row framed with whole digests (log format 2)."""
+DIGEST_SIZE = 16
+"""Bytes of a row's digest, and of its ``prev``."""
 GENESIS = bytes(32)
-"""The ``prev`` of a stream's first row."""
-FRAME_SIZE = 65
-"""Bytes in front of the payload of a framed row."""
+"""The ``prev`` of a stream's first row (cut to :data:`DIGEST_SIZE` in the frame)."""
+FRAME_SIZE = 1 + 2 * DIGEST_SIZE
+"""Bytes in front of the payload of a row framed today."""
+_FRAME_SIZE_V1 = 65
+_FRAME_SIZES = {FRAME_TAG: FRAME_SIZE, FRAME_TAG_V1: _FRAME_SIZE_V1}
 _tag = bytes((FRAME_TAG,))
+_tags = frozenset((_tag, bytes((FRAME_TAG_V1,))))
 _sha256 = hashlib.sha256
 _topics: dict[str, bytes] = {}
 
@@ -74,30 +89,57 @@ class Head(NamedTuple):
     """The running digest over the whole stream (:func:`seed`, :func:`feed`)."""
 
 
-def digest(prev: bytes, stream_id: UUID, version: int, topic: str, payload: bytes) -> bytes:
-    """The digest of one row: what its successor's ``prev`` holds."""
+def digest(
+    prev: bytes, stream_id: UUID, version: int, topic: str, payload: bytes, size: int = DIGEST_SIZE
+) -> bytes:
+    """The digest of one row (``size`` bytes; 32 for a row of log format 2): what its
+    successor's ``prev`` holds."""
     h = _sha256(prev)
     h.update(stream_id.bytes)
     h.update(version.to_bytes(8, "big"))
     h.update(topic.encode())
     h.update(b"\x00")
     h.update(payload)
-    return h.digest()
+    return h.digest()[:size]
 
 
 def frame(prev: bytes, stream_id: UUID, version: int, topic: str, payload: bytes) -> bytes:
     """The stored bytes of a row: its frame, then ``payload``."""
+    prev = prev[:DIGEST_SIZE]
     return b"".join((_tag, prev, digest(prev, stream_id, version, topic, payload), payload))
+
+
+def frame_size(data: bytes) -> int:
+    """Bytes of ``data``'s frame: 0 for a row without one (written before the chain)."""
+    size = _FRAME_SIZES.get(data[0]) if data else None
+    return size if size is not None and len(data) >= size else 0
 
 
 def is_framed(data: bytes) -> bool:
     """Whether ``data`` carries a frame (rows written before the chain do not)."""
-    return len(data) >= FRAME_SIZE and data[0] == FRAME_TAG
+    return frame_size(data) > 0
+
+
+def _split(data: bytes, size: int) -> tuple[bytes, bytes, bytes]:
+    """(prev, digest, payload) of a row framed in ``size`` bytes."""
+    half = (size - 1) // 2
+    return bytes(data[1 : 1 + half]), bytes(data[1 + half : size]), data[size:]
 
 
 def row_digest(data: bytes) -> bytes:
     """The digest a framed row records for itself (not recomputed)."""
-    return bytes(data[33:FRAME_SIZE])
+    return _split(data, frame_size(data))[1]
+
+
+def row_prev(data: bytes) -> bytes:
+    """The ``prev`` a framed row (or snapshot) records: the digest it stands on."""
+    return _split(data, frame_size(data))[0]
+
+
+def links(prev: bytes, recorded: bytes) -> bool:
+    """Whether a row whose frame records ``recorded`` as its ``prev`` follows the row
+    whose digest is ``prev`` (a short frame records a long digest cut to its size)."""
+    return prev[: len(recorded)] == recorded
 
 
 def seed(stream_id: UUID) -> Running:
@@ -107,7 +149,8 @@ def seed(stream_id: UUID) -> Running:
 
 def payload_of(data: bytes) -> bytes:
     """A stored row's payload: its bytes behind the frame (a row without one as it is)."""
-    return data[FRAME_SIZE:] if is_framed(data) else data
+    size = _FRAME_SIZES.get(data[0]) if data else None
+    return data[size:] if size is not None and len(data) >= size else data
 
 
 def feed(running: Running, topic: str, data: bytes) -> None:
@@ -132,15 +175,16 @@ def unframe(
     For a reader that sees rows one at a time (the projections, eventsourcing's
     own readers): the link to the rest of the stream is :func:`verify_stream`'s job.
     """
-    if not is_framed(data):
+    size = frame_size(data)
+    if not size:
         if not unframed_allowed:
             raise LogTamperedError(
                 f"{_where(stream_id, version, topic)}: the row carries no chain frame, in a"
                 " world whose rows all do"
             )
         return data
-    prev, recorded, payload = data[1:33], data[33:FRAME_SIZE], data[FRAME_SIZE:]
-    if digest(prev, stream_id, version, topic, payload) != recorded:
+    prev, recorded, payload = _split(data, size)
+    if digest(prev, stream_id, version, topic, payload, len(recorded)) != recorded:
         raise LogTamperedError(
             f"{_where(stream_id, version, topic)}: the stored row does not match its own"
             " digest (its payload, topic or version was changed after it was written)"
@@ -183,7 +227,7 @@ def verify_stream(
                 f"stream {stream_id}: version {expected} is missing (the next stored row is"
                 f" version {version}); rows were deleted from the log"
             )
-        if data[:1] == _tag:
+        if data[:1] in _tags:
             framed = True
         elif not (legacy and not framed and data[:1] == b"{"):
             raise LogTamperedError(
@@ -238,17 +282,19 @@ def check_rows(stream_id: UUID, rows: Sequence[Row], *, prev: bytes = GENESIS) -
     first); return the last digest (``prev`` for no rows). The thorough walk ``little verify``
     makes, the check of rows after a stream's head, and what names a break."""
     for version, topic, data in rows:
-        if not is_framed(data):
+        size = frame_size(data)
+        if not size:
             # A row from before the chain: only the running digest covers it.
             continue
-        if data[1:33] != prev:
+        recorded_prev, recorded, payload = _split(data, size)
+        if not links(prev, recorded_prev):
             raise LogTamperedError(
                 f"{_where(stream_id, version, topic)}: the row does not follow version"
                 f" {version - 1} (its recorded previous digest differs); a row was replaced,"
                 " inserted or moved"
             )
-        prev = digest(prev, stream_id, version, topic, data[FRAME_SIZE:])
-        if prev != data[33:FRAME_SIZE]:
+        prev = digest(recorded_prev, stream_id, version, topic, payload, len(recorded))
+        if prev != recorded:
             raise LogTamperedError(
                 f"{_where(stream_id, version, topic)}: the stored row does not match its own"
                 " digest (its payload, topic or version was changed after it was written)"

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from little_es._strict import refuse_unvalidated
 from little_es.chain import GENESIS, seed
-from little_es.errors import EventPayloadError
+from little_es.errors import EventPayloadError, LogTamperedError
 from little_es.events import (
     Event,
     HarnessEvent,
@@ -42,6 +42,7 @@ from little_es.events import (
     SessionCompleted,
     SessionStarted,
     Snapshot,
+    StepCompleted,
     ToolCallFailed,
     ToolCallStarted,
     ToolCallSucceeded,
@@ -65,6 +66,8 @@ E = TypeVar("E", bound=Event)
 
 # Not a field of MaterializedRunState: the attempt budget is the engine's, not the read model's.
 _GAVE_UP_KEY = "gave_up_attempts"
+# Not one either: where in the stream each step's output is (a snapshot does not copy them).
+_OUTPUTS_AT_KEY = "outputs_at"
 
 
 class Aggregate:
@@ -232,6 +235,7 @@ class Run(Aggregate):
         super().__init__(run_stream_id(run_id))
         self.fold = RunFold(pricer)
         self.fold.run_id = run_id
+        self._outputs_at: dict[str, int] = {}
 
     @classmethod
     def from_stream(cls, stream_id: UUID, events: Iterable[Event], pricer: Pricer) -> Run:
@@ -239,6 +243,7 @@ class Run(Aggregate):
         run = cls.__new__(cls)
         Aggregate.__init__(run, stream_id)
         run.fold = RunFold(pricer)
+        run._outputs_at = {}
         for event in events:
             run.mutate(event)
         return run
@@ -257,23 +262,57 @@ class Run(Aggregate):
         apply(self.fold, event)
 
     def snapshot_state(self) -> dict[str, Any]:
-        """The materialized state of the run stream, as JSON, and the attempts that gave up.
+        """The materialized state of the run stream, as JSON, without the steps' outputs, and
+        the attempts that gave up.
 
+        A step's inline output is already in its ``StepCompleted``: the snapshot
+        names that event's version instead (``outputs_at``), so that snapshots,
+        taken at doubling versions, do not store every output again and again;
+        :meth:`outputs_to_read` says which rows a load reads them back from.
         Fields at their defaults are left out, as in event payloads
         (:mod:`little_es.codec`): most of a step's fields are (no usage, no error,
         first visit), and :meth:`restore` validates them back in.
         """
         state = self.fold.freeze().model_dump(mode="json", exclude_defaults=True)
+        outputs_at = self.fold.output_versions()
+        steps = state.get("steps", {})
+        for path in outputs_at:
+            steps[path].pop("output", None)
         state[_GAVE_UP_KEY] = self.fold.gave_up_attempts()
+        state[_OUTPUTS_AT_KEY] = outputs_at
         return state
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Continue the fold from a snapshot's materialized state."""
+        """Continue the fold from a snapshot's materialized state; the outputs it names by
+        version are then :meth:`outputs_to_read` (a snapshot written before held them)."""
         fields = dict(state)
         gave_up = fields.pop(_GAVE_UP_KEY, None)
+        self._outputs_at = fields.pop(_OUTPUTS_AT_KEY, None) or {}
         self.fold = RunFold.from_state(
             MaterializedRunState.model_validate(fields), self.fold.pricer, gave_up
         )
+
+    def outputs_to_read(self) -> dict[str, int]:
+        """The steps whose output the snapshot just restored names by the version of its
+        ``StepCompleted``, which the loader reads and hands to :meth:`read_outputs`."""
+        return self._outputs_at
+
+    def read_outputs(self, completions: Iterable[tuple[str, Event]]) -> None:
+        """Put back the outputs :meth:`outputs_to_read` named: each ``(step_path, event)``
+        is the stored event at the version named for that step.
+
+        Raises :class:`~little_es.errors.LogTamperedError` when an event is not
+        that step's ``StepCompleted`` (the snapshot does not belong to the stream).
+        """
+        for path, event in completions:
+            if not isinstance(event, StepCompleted) or event.step_path != path:
+                raise LogTamperedError(
+                    f"stream {self.id}: the snapshot names version {event.originator_version}"
+                    f" as the StepCompleted of step {path!r}, and it is not; the snapshot was"
+                    " replaced or edited: restore the world from a backup"
+                )
+            self.fold.set_output(path, event.output, event.originator_version)
+        self._outputs_at = {}
 
 
 class HarnessSession(Aggregate):

@@ -21,6 +21,13 @@ Five kinds of stream (aggregates, see :mod:`little_es.domain`) carry these event
   in the world.
 * ``World`` (one per world) - :class:`WorldCreated`, the world's identity.
 
+How an event is stored (:mod:`little_es.codec`): its fields as JSON, each
+under its wire key (:data:`WIRE_KEYS`: ``"p"`` for ``step_path``, ``"t"`` for
+``timestamp``..., the field's name for the others), the timestamp as
+microseconds since the epoch, and without the fields at their defaults. The
+reader also takes the field names and ISO timestamps that logs written before
+(log format 2) hold, so those read as they were written.
+
 Schema changes never edit stored history. Bump ``class_version`` on the class
 and add a static method ``upcast_v{N}_v{N+1}(state: dict) -> None`` that turns
 an old stored payload into the next shape; the codec applies them on read.
@@ -39,12 +46,23 @@ A user extends the run's domain model by subclassing :class:`RunEvent`::
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from types import MappingProxyType
 from typing import Any, ClassVar, Final, Literal
 from uuid import UUID
 
-from pydantic import ConfigDict, Field
+from pydantic import (
+    AliasChoices,
+    AliasGenerator,
+    ConfigDict,
+    Field,
+    FieldSerializationInfo,
+    SerializerFunctionWrapHandler,
+    field_serializer,
+    field_validator,
+)
 
 from little_es.values import (
     ArtifactRef,
@@ -67,6 +85,50 @@ def utc_now() -> datetime:
 
 NOT_IN_A_STREAM = UUID(int=0)
 """The ``originator_id`` of an event no stream has placed (see :class:`Event`)."""
+
+WIRE_KEYS: Final[Mapping[str, str]] = MappingProxyType(
+    {
+        "timestamp": "t",
+        "step_path": "p",
+        "step_id": "s",
+        "visit": "v",
+        "attempt": "a",
+        "kind": "k",
+        "output": "o",
+        "next_step": "n",
+        "session_id": "i",
+        "error": "e",
+        "will_retry": "w",
+        "turn": "u",
+        "call_id": "c",
+        "messages": "m",
+        "response": "r",
+        "result": "x",
+        "conversation_hash": "h",
+    }
+)
+"""The key each of these fields is stored under, in every event class (a user's too).
+
+Part of the stored format: a key is never given to another field. The other
+fields are stored under their names. A field may not be named like one of
+these keys (it would read as the field the key stands for).
+"""
+_WIRE_NAMES_OF_KEYS = {key: name for name, key in WIRE_KEYS.items()}
+
+WIRE_CONTEXT: Final[Mapping[str, bool]] = MappingProxyType({"little_es.wire": True})
+"""The serialisation context under which an event dumps its stored form (the codec's)."""
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _validation_alias(name: str) -> AliasChoices | str:
+    key = WIRE_KEYS.get(name)
+    return AliasChoices(name, key) if key is not None else name
+
+
+def _serialization_alias(name: str) -> str:
+    return WIRE_KEYS.get(name, name)
 
 
 class Event(Checked):
@@ -98,7 +160,13 @@ class Event(Checked):
     """
 
     model_config = ConfigDict(
-        frozen=True, extra="forbid", allow_inf_nan=False, ser_json_inf_nan="constants"
+        frozen=True,
+        extra="forbid",
+        allow_inf_nan=False,
+        ser_json_inf_nan="constants",
+        alias_generator=AliasGenerator(
+            validation_alias=_validation_alias, serialization_alias=_serialization_alias
+        ),
     )
 
     wire_name: ClassVar[str] = ""
@@ -109,9 +177,33 @@ class Event(Checked):
     originator_version: int = Field(default=0, ge=0)
     timestamp: datetime
 
+    @field_validator("timestamp", mode="before")
+    @classmethod
+    def _timestamp_from_the_wire(cls, value: Any) -> Any:
+        # Stored as microseconds since the epoch (pydantic would read an int as seconds).
+        if type(value) is int:
+            return _EPOCH + value * _MICROSECOND
+        return value
+
+    @field_serializer("timestamp", mode="wrap")
+    def _timestamp_on_the_wire(
+        self, value: datetime, handler: SerializerFunctionWrapHandler, info: FieldSerializationInfo
+    ) -> Any:
+        context = info.context
+        if context is WIRE_CONTEXT and value.tzinfo is not None:
+            return (value - _EPOCH) // _MICROSECOND
+        return handler(value)
+
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
         super().__pydantic_init_subclass__(**kwargs)
+        for field in cls.__pydantic_fields__:
+            taken = _WIRE_NAMES_OF_KEYS.get(field)
+            if taken is not None and taken in cls.__pydantic_fields__:
+                raise TypeError(
+                    f"{cls.__qualname__}.{field}: {field!r} is the key {taken!r} is stored"
+                    f" under (little_es.events.WIRE_KEYS); give the field another name"
+                )
         name = cls.__dict__.get("wire_name")
         if not name:
             return
@@ -168,9 +260,9 @@ class StepStarted(RunEvent):
 
     step_path: str
     step_id: str
-    kind: StepKind
-    visit: int = Field(ge=1)
-    attempt: int = Field(ge=1)
+    kind: StepKind = "task"
+    visit: int = Field(default=1, ge=1)
+    attempt: int = Field(default=1, ge=1)
     session_id: UUID | None = None
     """For agent steps: the ``HarnessSession`` stream of this attempt."""
 
@@ -182,8 +274,8 @@ class StepCompleted(RunEvent):
 
     step_path: str
     step_id: str
-    visit: int = Field(ge=1)
-    attempt: int = Field(ge=1)
+    visit: int = Field(default=1, ge=1)
+    attempt: int = Field(default=1, ge=1)
     output: JSONValue = None
     output_ref: ArtifactRef | None = None
     """Set instead of ``output`` when the output was too large to inline."""
@@ -447,6 +539,9 @@ LOG_FORMAT_UNCHAINED: Final = 1
 """A world created before the hash chain: its older rows carry no frame."""
 LOG_FORMAT_CHAINED: Final = 2
 """A world whose every row carries a chain frame (:mod:`little_es.chain`)."""
+LOG_FORMAT_COMPACT: Final = 3
+"""A world created by code that writes the short chain frame and wire keys; it reads and
+continues rows of format 2 as they are (:mod:`little_es.chain`, :mod:`little_es.codec`)."""
 
 
 class WorldCreated(WorldEvent):
@@ -460,7 +555,7 @@ class WorldCreated(WorldEvent):
     wire_name: ClassVar[str] = "little_es.world.created"
 
     world_id: str = Field(pattern=r"^[0-9a-f]{32}$")
-    log_format: Literal[1, 2]
+    log_format: Literal[1, 2, 3]
 
 
 class OuterLoopEvent(Event):

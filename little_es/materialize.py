@@ -328,6 +328,9 @@ class StepFold:
     gave_up_attempt: int = 0
     """The attempt of the last ``StepFailed(will_retry=False)`` (0: none): a resume after it
     gets a fresh budget of attempts counted from there."""
+    output_version: int = 0
+    """The version of the ``StepCompleted`` that holds :attr:`output` (0: not known), which a
+    snapshot names instead of copying the output."""
     _view: StepState | None = field(default=None, repr=False, compare=False)
 
     def changing(self) -> StepFold:
@@ -475,6 +478,22 @@ class RunFold:
         """:attr:`StepFold.gave_up_attempt` of each step that gave up, for a snapshot."""
         return {p: s.gave_up_attempt for p, s in self.steps.items() if s.gave_up_attempt}
 
+    def output_versions(self) -> dict[str, int]:
+        """:attr:`StepFold.output_version` of each step whose output is inline and known to
+        be held by a stored ``StepCompleted``, for a snapshot."""
+        return {
+            p: s.output_version
+            for p, s in self.steps.items()
+            if s.output_version and s.output is not None
+        }
+
+    def set_output(self, step_path: str, output: JSONValue, version: int) -> None:
+        """Put back the output of ``step_path`` that a snapshot names by the ``version`` of
+        its ``StepCompleted`` (read from the stream)."""
+        step = self.steps[step_path].changing()
+        step.output = output
+        step.output_version = version
+
     def step(self, step_path: str, step_id: str) -> StepFold:
         """The fold of ``step_path``, about to change (created pending on first sight)."""
         found = self.steps.get(step_path)
@@ -577,6 +596,7 @@ def apply(state: RunFold, event: Event) -> RunFold:
             step.visit = event.visit
             step.attempts = event.attempt
             step.output = event.output
+            step.output_version = event.originator_version
             step.output_ref = event.output_ref
             step.artifact_refs = event.artifact_refs
             step.next_step = event.next_step

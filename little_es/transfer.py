@@ -5,12 +5,13 @@ The stream (format :data:`FORMAT`, version :data:`FORMAT_VERSION`) is one JSON o
 per line, in this order::
 
     {"type": "header", "format": "little_es.world-export", "format_version": 1,
-     "world_id": "…", "log_format": 2, "source": "sqlite:///…", "exported_at": "…",
+     "world_id": "…", "log_format": 3, "source": "sqlite:///…", "exported_at": "…",
      "counts": {"streams": S, "events": E, "snapshots": N, "artifacts": A}}
     {"type": "stream", "stream_id": "…", "kind": "run", "name": "run_x", "version": 12,
      "head": {"version": 12, "digest": "<hex>", "running": "<hex>"}}            S lines
     {"type": "event", "stream_id": "…", "version": 1, "topic": "RunStarted",
-     "frame": "<hex of the 65-byte chain frame, or null>", "payload": "<the JSON as stored>"}
+     "frame": "<hex of the chain frame (33 bytes; 65 in log format 2), or null>",
+     "payload": "<the JSON as stored>"}
                                                             E lines, in the world's log order
     {"type": "snapshot", …the fields of an event…}                                 N lines
     {"type": "artifact", "sha256": "…", "size": 123, "data": "<base64>"}          A lines
@@ -51,13 +52,15 @@ from pydantic import BaseModel, ConfigDict
 from little_es.aggregates import check_domain_payload, is_domain_topic
 from little_es.backends.base import artifact_digest
 from little_es.chain import (
-    FRAME_SIZE,
     Head,
     check_rows,
     feed,
+    frame_size,
     is_framed,
+    links,
     payload_of,
     row_digest,
+    row_prev,
     seed,
     unframe,
     verify_stream,
@@ -76,7 +79,7 @@ from little_es.errors import (
     LogTamperedError,
 )
 from little_es.events import (
-    LOG_FORMAT_CHAINED,
+    LOG_FORMAT_COMPACT,
     Event,
     ModelPriceSet,
     OuterLoopStarted,
@@ -151,7 +154,7 @@ def _row_fields(stream_id: UUID, version: int, topic: str, data: bytes) -> dict[
         "stream_id": str(stream_id),
         "version": version,
         "topic": topic,
-        "frame": data[:FRAME_SIZE].hex() if is_framed(data) else None,
+        "frame": data[: frame_size(data)].hex() if is_framed(data) else None,
     }
     payload = payload_of(data)
     try:
@@ -267,7 +270,7 @@ def export_world(
     streams: list[dict[str, Any]] = []
     refs: dict[str, ArtifactRef] = {}
     snapshots: list[dict[str, Any]] = []
-    world_id, log_format = None, LOG_FORMAT_CHAINED
+    world_id, log_format = None, LOG_FORMAT_COMPACT
     total = len(versions)
     for done, (stream_id, upto) in enumerate(versions.items()):
         tell("checking streams", done, total)
@@ -387,16 +390,6 @@ def _fail(line_no: int, what: str) -> ExportFormatError:
     )
 
 
-def _hex(value: object, size: int, line_no: int, field: str) -> bytes:
-    try:
-        data = bytes.fromhex(value) if isinstance(value, str) else None
-    except ValueError:
-        data = None
-    if data is None or len(data) != size:
-        raise _fail(line_no, f"{field} is not {size} bytes of hex")
-    return data
-
-
 def _row_of(obj: dict[str, Any], line_no: int) -> tuple[UUID, int, str, bytes]:
     try:
         stream_id = UUID(obj["stream_id"])
@@ -413,8 +406,19 @@ def _row_of(obj: dict[str, Any], line_no: int) -> tuple[UUID, int, str, bytes]:
         ) from None
     if not isinstance(version, int) or version < 1 or not isinstance(topic, str) or not topic:
         raise _fail(line_no, "a row's version must be a positive integer and its topic a name")
-    head = b"" if frame is None else _hex(frame, FRAME_SIZE, line_no, "frame")
+    head = b"" if frame is None else _frame_of(frame, line_no)
     return stream_id, version, topic, head + payload
+
+
+def _frame_of(value: object, line_no: int) -> bytes:
+    """An exported row's frame: its tag says its size (:mod:`little_es.chain`)."""
+    try:
+        data = bytes.fromhex(value) if isinstance(value, str) else b""
+    except ValueError:
+        data = b""
+    if not data or frame_size(data) != len(data):
+        raise _fail(line_no, "frame is not a chain frame in hex (33 or 65 bytes)")
+    return data
 
 
 class _Parsed:
@@ -538,7 +542,7 @@ def _check_header(obj: dict[str, Any]) -> None:
             f" {FORMAT_VERSION}: import it with the little_es that exported it, or export"
             " the world again with this one (nothing was imported)"
         )
-    if obj.get("log_format") not in (1, 2) or not isinstance(obj.get("counts"), dict):
+    if obj.get("log_format") not in (1, 2, 3) or not isinstance(obj.get("counts"), dict):
         raise _fail(1, "a header without log_format and counts")
 
 
@@ -701,17 +705,17 @@ def _declared_head(declared: _Stream) -> Head:
     """The head a stream line declares, its fields checked."""
     fields = declared.head
 
-    def digest(name: str) -> bytes:
+    def digest(name: str, sizes: tuple[int, ...]) -> bytes:
         value = fields.get(name)
         try:
             data = bytes.fromhex(value) if isinstance(value, str) else b""
         except ValueError:
             data = b""
-        if len(data) != 32:
+        if len(data) not in sizes:
             raise ExportFormatError(
-                f"the export's stream {declared.stream_id} has a head whose {name} is not 32"
-                " bytes of hex: the file was changed; export the world again (nothing was"
-                " imported)"
+                f"the export's stream {declared.stream_id} has a head whose {name} is not"
+                f" {' or '.join(map(str, sizes))} bytes of hex: the file was changed; export"
+                " the world again (nothing was imported)"
             )
         return data
 
@@ -721,7 +725,8 @@ def _declared_head(declared: _Stream) -> Head:
             f" head at version {fields.get('version')!r}: the file was changed; export the world"
             " again (nothing was imported)"
         )
-    return Head(declared.version, digest("digest"), digest("running"))
+    # A row's digest is 16 bytes (32 for a row of log format 2); the running digest is whole.
+    return Head(declared.version, digest("digest", (16, 32)), digest("running", (32,)))
 
 
 def _checked_snapshots(
@@ -736,7 +741,7 @@ def _checked_snapshots(
             raise LogTamperedError(
                 f"in the export, the snapshot of stream {stream_id}: {exc} (nothing was imported)"
             ) from exc
-        if version > len(rows) or row_digest(rows[version - 1][2]) != bytes(data[1:33]):
+        if version > len(rows) or not links(row_digest(rows[version - 1][2]), row_prev(data)):
             raise LogTamperedError(
                 f"in the export, the snapshot of stream {stream_id} at version {version} does"
                 " not stand on the exported event of that version (nothing was imported)"

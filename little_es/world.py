@@ -58,13 +58,16 @@ from little_es.backends.memory import MemoryBackend
 from little_es.backends.sqlite import SQLiteBackend, Synchronous
 from little_es.chain import (
     Head,
+    Row,
     Running,
     Verified,
     feed,
     frame,
     is_framed,
+    links,
     payload_of,
     row_digest,
+    row_prev,
     seed,
     verify_stream,
 )
@@ -90,7 +93,7 @@ from little_es.errors import (
     WorldIntegrityError,
 )
 from little_es.events import (
-    LOG_FORMAT_CHAINED,
+    LOG_FORMAT_COMPACT,
     LOG_FORMAT_UNCHAINED,
     Event,
     ModelPriceSet,
@@ -627,7 +630,7 @@ class World:
             return self._open_record()
         return True
 
-    def _new_record(self, log_format: Literal[1, 2]) -> WorldRecord:
+    def _new_record(self, log_format: Literal[1, 3]) -> WorldRecord:
         record = WorldRecord()
         record.trigger(WorldCreated, world_id=uuid4().hex, log_format=log_format)
         return record
@@ -666,7 +669,7 @@ class World:
         """
         if self._unrecorded and not any(isinstance(a, WorldRecord) for a in aggregates):
             # A new world's first save records the world in the same transaction.
-            aggregates = (self._new_record(LOG_FORMAT_CHAINED), *aggregates)
+            aggregates = (self._new_record(LOG_FORMAT_COMPACT), *aggregates)
         batches: list[tuple[Aggregate | DomainStream, list[Any]]] = [
             (a, a.collect_events()) for a in aggregates
         ]
@@ -1193,10 +1196,12 @@ class World:
                 return None
             aggregate: A = self._blanks[cls](stream_id)
             snapshot = self._latest_snapshot(stream_id, checked)
+            decode = self._mapper.decode_payload
             if snapshot is not None:
                 aggregate.mutate(snapshot)
+                if isinstance(aggregate, Run):
+                    self._read_snapshot_outputs(aggregate, snapshot, rows)
                 rows = rows[snapshot.originator_version :]
-            decode = self._mapper.decode_payload
             for version, topic, data in rows:
                 aggregate.mutate(decode(stream_id, version, topic, payload_of(data)))
             aggregate.chain_digest = checked.digest
@@ -1217,6 +1222,24 @@ class World:
             aggregate.chain_digest = checked.digest
             aggregate.chain_running = checked.running
 
+    def _read_snapshot_outputs(self, run: Run, snapshot: Snapshot, rows: Sequence[Row]) -> None:
+        """Read back the outputs ``snapshot`` names by version from the verified ``rows``
+        before it (a snapshot does not copy them: :meth:`Run.snapshot_state`)."""
+        named = run.outputs_to_read()
+        at = snapshot.originator_version
+        decode = self._mapper.decode_payload
+        completions: list[tuple[str, Event]] = []
+        for path, version in named.items() if isinstance(named, dict) else ():
+            if type(version) is not int or not 1 <= version <= at:
+                raise LogTamperedError(
+                    f"stream {run.id}: the snapshot at version {at} names version {version!r}"
+                    f" for the output of step {path!r}, which is not a row before it; the"
+                    " snapshot was replaced or edited: restore the world from a backup"
+                )
+            _, topic, data = rows[version - 1]
+            completions.append((path, decode(run.id, version, topic, payload_of(data))))
+        run.read_outputs(completions)
+
     def _latest_snapshot(self, stream_id: UUID, checked: Verified) -> Snapshot | None:
         """The latest snapshot of a verified stream, checked to stand on it; None without one.
 
@@ -1236,7 +1259,7 @@ class World:
             # Taken after the rows were read (by a concurrent writer): fold from the events.
             return None
         stood_on = checked.rows[version - 1][2]
-        if not is_framed(stood_on) or row_digest(stood_on) != bytes(row.state[1:33]):
+        if not is_framed(stood_on) or not links(row_digest(stood_on), row_prev(row.state)):
             raise LogTamperedError(
                 f"stream {stream_id}: the snapshot at version {version} does not stand on the"
                 " stored event of that version (their digests differ); the snapshot was"

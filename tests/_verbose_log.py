@@ -8,7 +8,9 @@ and ``little export --world sqlite:///OUT`` (imported as ``_verbose_log``, as th
 import it: the module's name is part of the workflow's IR hash); it is kept as it is so
 that a change to the codec that would stop today's readers from reading such a log fails
 CI. Never regenerate it with newer
-code: it would then test nothing.
+code: it would then test nothing. ``tests/fixtures/chained_log.jsonl`` was written the
+same way by the code of log format 2 (commit 03df795: field names, ISO timestamps, the
+65-byte chain frame).
 
 Two runs: ``run_verbose_done`` completed; ``run_verbose_half`` failed at ``publish``
 (:data:`PUBLISH_FAILS` was set), so a resume runs ``publish`` alone. :data:`CALLS`

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import unittest
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 from uuid import UUID, uuid4
 
@@ -15,11 +15,12 @@ from eventsourcing.tests import persistence as es_persistence
 from pydantic import ValidationError
 
 from little_es.chain import unframe
-from little_es.codec import OrjsonTranscoder
+from little_es.codec import OrjsonTranscoder, PydanticMapper
 from little_es.domain import HarnessSession, Run
 from little_es.errors import EventPayloadError, UnknownEventTypeError, UnstorableEventError
 from little_es.events import (
     NOT_IN_A_STREAM,
+    WIRE_KEYS,
     ModelCalled,
     ModelResponded,
     RunCompleted,
@@ -27,6 +28,7 @@ from little_es.events import (
     RunStarted,
     SessionCompleted,
     SessionStarted,
+    StepCompleted,
     StepStarted,
     ToolCallStarted,
     registered_wire_names,
@@ -153,8 +155,53 @@ def test_stored_topic_is_the_wire_name_and_state_omits_the_stream_columns(world:
         )
         assert "originator_id" not in state and "originator_version" not in state
         assert "class_version" not in state  # written only for class_version > 1
-        assert state["timestamp"].endswith("Z")
+        # The timestamp in microseconds since the epoch, under its wire key.
+        assert "timestamp" not in state and isinstance(state["t"], int)
+        event = world._mapper.decode(row)
+        assert state["t"] == (event.timestamp - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(
+            microseconds=1
+        )
+        # Every field under its wire key, or its name where it has none.
+        for name in set(state) - {"t"}:
+            assert name in WIRE_KEYS.values() or (
+                name in type(event).model_fields and name not in WIRE_KEYS
+            ), name
+    # A first visit and attempt, a task's kind and a step id that is its path: none stored.
+    started = orjson.loads(unframe(run.id, 2, "StepStarted", rows[1].state))
+    assert set(started) == {"t", "p", "s", "k", "i"}
     assert set(registered_wire_names()) >= {r.topic for r in rows}
+
+
+def test_a_field_named_like_a_wire_key_is_refused() -> None:
+    with pytest.raises(TypeError, match=r"'p' is the key 'step_path' is stored under"):
+
+        class Clash(RunEvent):
+            wire_name: ClassVar[str] = "test.clash"
+            step_path: str
+            p: str
+
+
+def test_a_payload_of_log_format_2_reads_as_written() -> None:
+    # Field names and an ISO timestamp, as the code before wire keys stored them.
+    old = (
+        b'{"timestamp":"2026-12-04T20:19:13.661482Z","step_path":"a","step_id":"a",'
+        b'"visit":2,"attempt":1,"output":{"x":1}}'
+    )
+    new = StepCompleted(
+        timestamp=datetime(2026, 12, 4, 20, 19, 13, 661482, tzinfo=UTC),
+        step_path="a",
+        step_id="a",
+        visit=2,
+        attempt=1,
+        output={"x": 1},
+    )
+    mapper = PydanticMapper(transcoder=OrjsonTranscoder())
+    read = mapper.decode_payload(UUID(int=1), 3, "StepCompleted", old)
+    assert read.model_dump(exclude={"originator_id", "originator_version"}) == new.model_dump(
+        exclude={"originator_id", "originator_version"}
+    )
+    _, stored = mapper.encode_payload(read)
+    assert stored == b'{"t":1796415553661482,"p":"a","s":"a","v":2,"o":{"x":1}}'
 
 
 def test_a_read_event_is_placed_by_its_row_not_by_its_payload(world: World) -> None:
@@ -248,8 +295,8 @@ def test_unknown_topic_in_a_session_stream_names_the_run(world: World) -> None:
         ),
         (
             "StepStarted",
-            _raw({"step_path": "a", "step_id": "a", "kind": "task", "visit": 1}),
-            r"attempt \(Field required",
+            _raw({"step_id": "a", "kind": "task", "visit": 1}),
+            r"step_path \(Field required",
         ),
         (
             "StepStarted",

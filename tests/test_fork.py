@@ -403,7 +403,7 @@ def test_little_verify_of_a_fork_finds_an_origin_that_no_longer_holds_what_was_c
             (stream, version),
         ).fetchone()
         # Another row in its place, as a rewrite of the origin's history would leave it.
-        changed = bytes(state[:33]) + bytes(32) + bytes(state[65:])
+        changed = bytes(state[:17]) + bytes(16) + bytes(state[33:])
         conn.execute(
             "UPDATE stored_events SET state = ? WHERE originator_id = ? AND originator_version = ?",
             (changed, stream, version),

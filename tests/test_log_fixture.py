@@ -1,10 +1,16 @@
-"""A log written before payloads left out their defaults still reads, resumes and verifies.
+"""Logs written by earlier code still read, resume and verify.
 
-``tests/fixtures/verbose_log.jsonl`` is a ``little export`` of a world written by that
-code (see :mod:`tests._verbose_log`): every field of every event stored, ``null`` and
-``[]`` included. Today's code imports it (chains checked), folds it, resumes its failed
-run without running anything committed again, and appends to it in the compact form;
-the mixed world verifies.
+Two ``little export`` s of worlds written by the workflow of :mod:`tests._verbose_log`,
+each by the code of its time, kept as they are:
+
+* ``tests/fixtures/verbose_log.jsonl``: before payloads left out their defaults (every
+  field of every event stored, ``null`` and ``[]`` included);
+* ``tests/fixtures/chained_log.jsonl``: log format 2, by the code before wire keys (field
+  names, ISO timestamps, the 65-byte chain frame with whole digests).
+
+Today's code imports each (chains checked), folds it, resumes its failed run without
+running anything committed again, and appends to it in today's form (wire keys, the
+33-byte frame); the mixed world verifies.
 """
 
 from __future__ import annotations
@@ -17,14 +23,16 @@ from _verbose_log import CALLS, DONE_RUN, HALF_RUN, MODEL, PUBLISH_FAILS, WORKFL
 
 from little_es import import_world, local_world, replay_run, run_workflow, verify_world
 
-FIXTURE = Path(__file__).parent / "fixtures" / "verbose_log.jsonl"
+FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURE = FIXTURES / "verbose_log.jsonl"
+CHAINED = FIXTURES / "chained_log.jsonl"
 
 
-@pytest.fixture
-def world_dir(tmp_path: Path) -> Path:
+@pytest.fixture(params=[FIXTURE, CHAINED], ids=["verbose", "chained"])
+def world_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
     directory = tmp_path / "world"
     world = local_world(directory)
-    with FIXTURE.open("rb") as source:
+    with request.param.open("rb") as source:
         import_world(world, source)
     world.close()
     CALLS.clear()
@@ -38,10 +46,14 @@ def _payloads(directory: Path, topic: str) -> list[bytes]:
         return [bytes(r[0]) for r in rows]
 
 
-def test_the_fixture_is_in_the_verbose_form() -> None:
+def test_the_fixtures_are_in_their_forms() -> None:
+    # If these fail, a fixture was regenerated with newer code and tests nothing.
     text = FIXTURE.read_text()
-    # If this fails, the fixture was regenerated with newer code and tests nothing.
     assert "output_ref" in text and "session_id" in text and "artifact_refs" in text
+    chained = CHAINED.read_text()
+    assert '\\"step_path\\":' in chained and '\\"timestamp\\":\\"2026-' in chained
+    assert '"output_ref"' not in chained and '"frame":"01' in chained
+    assert '"frame":"02' not in chained
 
 
 def test_a_verbose_log_folds_as_it_was_written(world_dir: Path) -> None:
@@ -79,6 +91,9 @@ async def test_a_verbose_log_resumes_without_running_anything_committed(
     report = verify_world(world)
     world.close()
     assert report.ok, report
-    # What was appended is in today's form: no field at its default on the wire.
+    # What was appended is in today's form: the short frame, wire keys, no field at its
+    # default on the wire.
     newest = _payloads(world_dir, "StepCompleted")[-1]
+    assert newest[:1] == b"\x02"
     assert b"null" not in newest and b"artifact_refs" not in newest
+    assert b'"p":"finish"' in newest and b"step_path" not in newest

@@ -717,6 +717,9 @@ async def test_an_attempt_in_flight_after_a_resume_keeps_the_fresh_budget(
     run = reopen().load_run("run_budget")
     restored = Run("run_budget", price_usage_exact)
     restored.restore(run.snapshot_state())
+    # The snapshot names the output's StepCompleted instead of copying it; a load reads it.
+    stream = reopen().read_stream(run.id)
+    restored.read_outputs((p, stream[v - 1]) for p, v in restored.outputs_to_read().items())
     assert restored.fold.steps["fragile"].gave_up_attempt == 2
     assert restored.fold.freeze() == run.fold.freeze()
 

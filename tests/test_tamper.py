@@ -261,7 +261,7 @@ CASES = [
     Case(
         "artifact reference written into a step's output",
         # A field at its default is not stored: the forged reference is added.
-        _edit("StepCompleted", b'"attempt":1,', b'"attempt":1,' + _FORGED_REF + b","),
+        _edit("StepCompleted", b'"s":', _FORGED_REF + b',"s":'),
     ),
     Case(
         "run output edited", _edit("RunCompleted", b"found after", b"faked after"), ("completed",)

@@ -45,7 +45,7 @@ from little_es import (
     export_world,
     import_world,
 )
-from little_es.chain import GENESIS, feed, frame, seed
+from little_es.chain import FRAME_SIZE, GENESIS, feed, frame, row_digest, seed
 from little_es.domain import Run
 from little_es.engine.local import run_workflow
 from little_es.events import StepCompleted, StepFailed, StepStarted
@@ -349,7 +349,7 @@ def _tamper_payload(data: bytes, *, reseal: bool = True) -> bytes:
     lines = _lines(data)
     for line in lines:
         if line["type"] == "event" and line["topic"] == "StepCompleted":
-            line["payload"] = line["payload"].replace('"step_path":"', '"step_path":"x', 1)
+            line["payload"] = line["payload"].replace('"p":"', '"p":"x', 1)
             break
     return _join(lines, reseal=reseal)
 
@@ -385,9 +385,9 @@ def _rechain(lines: list[dict[str, Any]], stream_id: str, edit: Callable[[str], 
             payload = edit(line["payload"]).encode()
             line["payload"] = payload.decode()
             data = frame(prev, sid, line["version"], line["topic"], payload)
-            line["frame"] = data[:65].hex()
+            line["frame"] = data[:FRAME_SIZE].hex()
             feed(running, line["topic"], data)
-            prev = data[33:65]
+            prev = row_digest(data)
     stream = next(x for x in lines if x["type"] == "stream" and x["stream_id"] == stream_id)
     stream["head"] = {**stream["head"], "digest": prev.hex(), "running": running.digest().hex()}
 
@@ -531,7 +531,7 @@ def test_a_tampered_source_is_refused_and_nothing_reaches_stdout(
         ).fetchone()
         conn.execute(
             "UPDATE stored_events SET state = ? WHERE rowid = ?",
-            (bytes(state).replace(b'"step_path":"', b'"step_path":"x', 1), rowid),
+            (bytes(state).replace(b'"p":"', b'"p":"x', 1), rowid),
         )
     conn.close()
     done = _little("export", "--world", f"sqlite:///{data_dir}")
@@ -563,7 +563,7 @@ def test_snapshots_travel_and_stand_on_their_events(
         assert target.load_run("run_long").version == before.state.event_count
     # A snapshot that does not stand on the event of its version is refused.
     snapshot = next(line for line in lines if line["type"] == "snapshot")
-    snapshot["frame"] = "01" + "00" * 32 + snapshot["frame"][66:]
+    snapshot["frame"] = "02" + "00" * 16 + snapshot["frame"][34:]
     with local_world(tmp_path / "c") as target:
         with pytest.raises(LogTamperedError, match="snapshot"):
             import_world(target, io.BytesIO(_join(lines)))

@@ -721,7 +721,17 @@ class BackendTestCase(WorldTestCase):
         decoded = self._spy_decodes(world)
         loaded_run = world.load_run("run_snap")
         loaded_session = world.load_session(session.id)
-        self.assertEqual(decoded.get(run.id, []), [])
+        # A run's snapshot names its steps' outputs by the version of their StepCompleted
+        # instead of copying them: the load decodes those rows, and nothing else before it.
+        output_at: dict[str, int | None] = {}
+        for event in run_events:
+            if isinstance(event, StepCompleted):
+                output_at[event.step_path] = (
+                    event.originator_version if event.output is not None else None
+                )
+        named = sorted(v for v in output_at.values() if v is not None)
+        self.assertTrue(named)
+        self.assertEqual(sorted(decoded.get(run.id, [])), named)
         self.assertEqual(
             decoded[session.id], list(range(session_snaps[-1] + 1, len(session_events) + 1))
         )
