@@ -121,7 +121,7 @@ async def _step_async(ctx: StepContext) -> dict[str, Any]:
 
 VARIANTS: dict[str, tuple[Callable[[StepContext], Any], bool]] = {
     "sync": (_step_sync, True),
-    "sync, run_in_thread=False": (_step_sync, False),
+    "sync (run_in_thread=False)": (_step_sync, False),
     "async": (_step_async, True),
 }
 """The step function and its ``run_in_thread`` of each timed variant."""
