@@ -5,9 +5,10 @@ state is the event's JSON payload without ``originator_id`` and
 ``originator_version`` (the recorder keeps those in their own columns), its
 fields under their wire keys (:data:`~little_es.events.WIRE_KEYS`), its
 timestamp in microseconds since the epoch, and without the fields whose value
-is their default (``null``, ``[]``, ``0``, a first visit and attempt...: a task
-step's ``StepStarted`` is ``{"t":1764879300509997,"p":"s1","s":"s1"}``);
-validation fills them in again on read. Logs written before, with field names
+is their default (``null``, ``[]``, ``0``, a first visit and attempt...), nor
+a step event's ``step_id`` where it is its ``step_path``: a task step's
+``StepStarted`` is ``{"t":1764879300509997,"p":"s1"}``; validation fills them
+in again on read. Logs written before, with field names
 and ISO timestamps (``tests/fixtures/chained_log.jsonl``) or with every field
 stored (``tests/fixtures/verbose_log.jsonl``), read the same. A field's default
 and its wire key are therefore part of the stored format: changing one is a
@@ -35,11 +36,13 @@ from little_es._strict import check_snapshot_payload, check_stored_payload
 from little_es.aggregates import decode_domain_event, encode_domain_event, is_domain_topic
 from little_es.chain import unframe
 from little_es.errors import EventPayloadError, UnknownEventTypeError, UnstorableEventError
-from little_es.events import WIRE_CONTEXT, Event, Snapshot, event_class_for
+from little_es.events import WIRE_CONTEXT, Event, Snapshot, StepEvent, event_class_for
 
 _ZLIB = b"\x78"
 # A set, not a frozenset: pydantic's ``exclude`` is typed as set or mapping.
 _ORIGINATOR_FIELDS: set[str] = {"originator_id", "originator_version"}
+# A step event's step_id is read back from its step_path (StepEvent) when it is left out.
+_ORIGINATOR_FIELDS_AND_STEP_ID: set[str] = {*_ORIGINATOR_FIELDS, "step_id"}
 
 
 class OrjsonTranscoder(Transcoder):
@@ -62,10 +65,13 @@ def _payload(event: Event, wire_name: str) -> bytes:
     constants the recorder then refuses (see :mod:`little_es._strict`).
     """
     cls = type(event)
+    exclude = _ORIGINATOR_FIELDS
+    if isinstance(event, StepEvent) and event.step_id == event.step_path:
+        exclude = _ORIGINATOR_FIELDS_AND_STEP_ID
     try:
         data = cls.__pydantic_serializer__.to_json(
             event,
-            exclude=_ORIGINATOR_FIELDS,
+            exclude=exclude,
             exclude_defaults=True,
             by_alias=True,
             context=WIRE_CONTEXT,

@@ -50,7 +50,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from types import MappingProxyType
-from typing import Any, ClassVar, Final, Literal
+from typing import Any, ClassVar, Final, Literal, Self
 from uuid import UUID
 
 from pydantic import (
@@ -62,6 +62,7 @@ from pydantic import (
     SerializerFunctionWrapHandler,
     field_serializer,
     field_validator,
+    model_validator,
 )
 
 from little_es.values import (
@@ -236,6 +237,25 @@ class RunEvent(Event):
     """Base class of events on a ``Run`` stream; subclass it for domain events of your own."""
 
 
+class StepEvent(RunEvent):
+    """Base class of the run events about one step attempt (or a group's branch set).
+
+    ``step_id`` is not stored when it is the ``step_path`` (a top-level step's
+    first visit: most steps) and is read back from it; left out when building
+    one, it is the path too.
+    """
+
+    step_path: str
+    step_id: str = ""
+
+    @model_validator(mode="after")
+    def _step_id_from_path(self) -> Self:
+        if not self.step_id:
+            # Frozen: set in place, as validation itself does.
+            self.__dict__["step_id"] = self.step_path
+        return self
+
+
 class RunStarted(RunEvent):
     """A run began: which workflow (id, version, IR hash) with which input."""
 
@@ -252,14 +272,12 @@ class RunStarted(RunEvent):
     parent_step_path: str | None = None
 
 
-class StepStarted(RunEvent):
+class StepStarted(StepEvent):
     """A step attempt is about to run (committed before the step's code runs)."""
 
     wire_name: ClassVar[str] = "StepStarted"
     write_ahead: ClassVar[bool] = True
 
-    step_path: str
-    step_id: str
     kind: StepKind = "task"
     visit: int = Field(default=1, ge=1)
     attempt: int = Field(default=1, ge=1)
@@ -267,13 +285,11 @@ class StepStarted(RunEvent):
     """For agent steps: the ``HarnessSession`` stream of this attempt."""
 
 
-class StepCompleted(RunEvent):
+class StepCompleted(StepEvent):
     """A step attempt finished; once committed the step never runs again."""
 
     wire_name: ClassVar[str] = "StepCompleted"
 
-    step_path: str
-    step_id: str
     visit: int = Field(default=1, ge=1)
     attempt: int = Field(default=1, ge=1)
     output: JSONValue = None
@@ -284,27 +300,23 @@ class StepCompleted(RunEvent):
     """For decision steps: the id of the step chosen next (or the END marker)."""
 
 
-class StepFailed(RunEvent):
+class StepFailed(StepEvent):
     """A step attempt failed; ``will_retry`` says whether another attempt follows."""
 
     wire_name: ClassVar[str] = "StepFailed"
 
-    step_path: str
-    step_id: str
     visit: int = Field(ge=1)
     attempt: int = Field(ge=1)
     error: ErrorInfo
     will_retry: bool
 
 
-class ParallelBranchScheduled(RunEvent):
+class ParallelBranchScheduled(StepEvent):
     """A parallel group's branch set, resolved from the run's data, before any branch runs."""
 
     wire_name: ClassVar[str] = "ParallelBranchScheduled"
     write_ahead: ClassVar[bool] = True
 
-    step_path: str
-    step_id: str
     branch_keys: tuple[str, ...]
 
 

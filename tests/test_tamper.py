@@ -261,7 +261,7 @@ CASES = [
     Case(
         "artifact reference written into a step's output",
         # A field at its default is not stored: the forged reference is added.
-        _edit("StepCompleted", b'"s":', _FORGED_REF + b',"s":'),
+        _edit("StepCompleted", b'"o":', _FORGED_REF + b',"o":'),
     ),
     Case(
         "run output edited", _edit("RunCompleted", b"found after", b"faked after"), ("completed",)
