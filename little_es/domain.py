@@ -305,7 +305,11 @@ class Run(Aggregate):
         that step's ``StepCompleted`` (the snapshot does not belong to the stream).
         """
         for path, event in completions:
-            if not isinstance(event, StepCompleted) or event.step_path != path:
+            if (
+                not isinstance(event, StepCompleted)
+                or event.step_path != path
+                or path not in self.fold.steps
+            ):
                 raise LogTamperedError(
                     f"stream {self.id}: the snapshot names version {event.originator_version}"
                     f" as the StepCompleted of step {path!r}, and it is not; the snapshot was"
