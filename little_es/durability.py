@@ -183,6 +183,12 @@ def _encode(step_path: str, value: Any) -> tuple[bytes, Any]:
     return data, read_back
 
 
+def checked_output(step_path: str, value: Any) -> tuple[bytes, Any]:
+    """The JSON bytes of a step output and the value they read back as, checked as
+    :func:`_encode`: what :meth:`RunRecorder.step_completed` takes as ``encoded``."""
+    return _encode(step_path, value)
+
+
 def encode_output(step_path: str, value: Any) -> bytes:
     """The JSON bytes of a step output (pydantic models are dumped), checked as :func:`_encode`."""
     return _encode(step_path, value)[0]
@@ -305,9 +311,14 @@ class RunRecorder:
             check_leases()
             self._save(())
 
-    def _store_output(self, step_path: str, output: Any) -> tuple[Any, ArtifactRef | None]:
-        """The output as read back from JSON, and its artifact when too large to inline."""
-        data, read_back = _encode(step_path, output)
+    def _store_output(
+        self, step_path: str, output: Any, encoded: tuple[bytes, Any] | None = None
+    ) -> tuple[Any, ArtifactRef | None]:
+        """The output as read back from JSON, and its artifact when too large to inline.
+
+        ``encoded`` is :func:`checked_output` of this very output, when the caller has it.
+        """
+        data, read_back = _encode(step_path, output) if encoded is None else encoded
         output_ref = None
         if len(data) > OUTPUT_INLINE_LIMIT:
             output_ref = self.world.artifacts.put(
@@ -377,6 +388,7 @@ class RunRecorder:
         next_step: str | None = None,
         aggregates: Sequence[DomainStream] = (),
         hold: bool = False,
+        encoded: tuple[bytes, Any] | None = None,
     ) -> Any:
         """Commit ``StepCompleted``; return the output as a replay will read it back.
 
@@ -388,9 +400,11 @@ class RunRecorder:
 
         With ``hold`` (ignored with ``aggregates``) the event is triggered (the fold shows
         the step completed) and committed by this recorder's next commit, or by
-        :meth:`flush`: see "One commit per step" in this module.
+        :meth:`flush`: see "One commit per step" in this module. ``encoded`` is
+        :func:`checked_output` of ``output`` when the caller checked it already (the
+        executor does, to tell a step's unstorable output from a failure to record it).
         """
-        inline, output_ref = self._store_output(step_path, output)
+        inline, output_ref = self._store_output(step_path, output, encoded)
         self._commit(
             StepCompleted,
             step_path=step_path,

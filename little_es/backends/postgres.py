@@ -291,7 +291,7 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
         """The advisory lock every insert holds shared (see the class docstring)."""
         self._events = SQL("{0}.{1}").format(Identifier(schema), Identifier(table))
         self._heads = heads
-        self._insert_statements: dict[tuple[bool, bool, int], bytes] = {}
+        self._insert_statements: dict[tuple[bool, int, int], bytes] = {}
         self._options_params = (f"{datastore.lock_timeout}s", self.appends_lock_key)
         self.lock_table_statements = [
             SQL("SET LOCAL lock_timeout = '{0}s'").format(datastore.lock_timeout),
@@ -448,10 +448,12 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
         **_: Any,
     ) -> Sequence[int]:
         params: list[Any] = [*self._options_params]
-        # One row (most commits) as plain parameters: psycopg dumps arrays much slower.
-        if len(stored_events) == 1:
-            e = stored_events[0]
-            params += (e.originator_id, e.originator_version, e.topic, e.state)
+        # A few rows (most commits: a step's StepCompleted with the next StepStarted, a
+        # harness call's two records) as plain parameters: psycopg dumps arrays much slower.
+        plain = len(stored_events) if len(stored_events) <= _PLAIN_ROWS else 0
+        if plain:
+            for e in stored_events:
+                params += (e.originator_id, e.originator_version, e.topic, e.state)
         else:
             params += (
                 [e.originator_id for e in stored_events],
@@ -465,7 +467,7 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
         elif heads:
             params += self._heads_params(heads)
         statement = self._insert_statement(
-            durable, len(stored_events) == 1, 0 if not heads else 1 if len(heads) == 1 else 2
+            durable, plain, 0 if not heads else 1 if len(heads) == 1 else 2
         )
         with (
             self.datastore.get_connection() as conn,
@@ -475,9 +477,10 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
             curs.execute(statement, params, prepare=True)
             return [row[0] for row in curs.fetchall()]
 
-    def _insert_statement(self, durable: bool, one_row: bool, heads: int) -> bytes:
-        """The insert of rows and heads (0 none, 1 one, 2 several), rendered once."""
-        key = (durable, one_row, heads)
+    def _insert_statement(self, durable: bool, plain: int, heads: int) -> bytes:
+        """The insert of rows (``plain`` of them as plain parameters, 0: as arrays) and heads
+        (0 none, 1 one, 2 several), rendered once."""
+        key = (durable, plain, heads)
         found = self._insert_statements.get(key)
         if found is not None:
             return found
@@ -491,15 +494,22 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
         )
         id_type = Identifier(self.datastore.originator_id_type)
         rows = (
-            SQL("(VALUES (%s::{0}, %s::bigint, %s::text, %s::bytea)) AS r (i, v, t, s)")
-            if one_row
+            SQL("(VALUES {0}) AS r (i, v, t, s, n)").format(
+                SQL(", ").join(
+                    SQL("(%s::{0}, %s::bigint, %s::text, %s::bytea, {1})").format(
+                        id_type, Literal(n)
+                    )
+                    for n in range(1, plain + 1)
+                )
+            )
+            if plain
             else SQL(
                 "unnest(%s::{0}[], %s::bigint[], %s::text[], %s::bytea[])"
                 " WITH ORDINALITY AS r (i, v, t, s, n)"
-            )
-        ).format(id_type)
+            ).format(id_type)
+        )
         # Rows go in in the order given, so a stream's versions draw ascending ids.
-        order = SQL("") if one_row else SQL(" ORDER BY r.n")
+        order = SQL("") if plain == 1 else SQL(" ORDER BY r.n")
         statement = SQL(
             "WITH options AS MATERIALIZED ({options}), inserted AS ("
             "INSERT INTO {events} (originator_id, originator_version, topic, state)"
@@ -559,6 +569,8 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
 
 
 _POLL_S = 0.1
+_PLAIN_ROWS = 4
+"""Commits of up to this many rows send them as plain parameters (one statement per count)."""
 """How often a subscription reads the log for new notifications."""
 
 

@@ -76,7 +76,7 @@ from little_es.backends.base import check_leases
 from little_es.durability import (
     INPUT_PATH,
     RunRecorder,
-    encode_output,
+    checked_output,
     normalize_output,
     read_output,
 )
@@ -665,6 +665,9 @@ class Outcome(NamedTuple):
     next_step: str | None = None
     error: ErrorInfo | None = None
     exception: BaseException | None = None
+    encoded: tuple[bytes, Any] | None = None
+    """The output's JSON and the value it reads back as, checked (``checked_output``) when
+    the attempt ended: :meth:`StepExecutor.settle` records them without encoding again."""
 
 
 class Retry(NamedTuple):
@@ -819,7 +822,7 @@ class StepExecutor:
             next_step = None
             if isinstance(begun.step, DecisionStep):
                 next_step = self.workflow.check_decision_target(begun.step.id, output)
-            encode_output(begun.step_path, output)
+            encoded = checked_output(begun.step_path, output)
         except StepSuspendedError:
             # The engine hosts sub-runs elsewhere: the attempt stays in flight, nothing
             # is recorded, and the engine runs it again once they finished.
@@ -839,7 +842,7 @@ class StepExecutor:
             raise
         except Exception as exc:
             return Outcome(error=ErrorInfo.from_exception(exc), exception=exc)
-        return Outcome(output=output, next_step=next_step)
+        return Outcome(output=output, next_step=next_step, encoded=encoded)
 
     async def _budget_exceeded(self, exc: BudgetExceededError, step_path: str) -> None:
         def record(rec: RunRecorder) -> None:
@@ -892,6 +895,7 @@ class StepExecutor:
                     next_step=outcome.next_step,
                     aggregates=changes,
                     hold=hold,
+                    encoded=outcome.encoded,
                 )
             except ConcurrencyConflictError:
                 stale = [c for c in changes if self.world.has_events_after(c.id, c.base_version)]

@@ -26,6 +26,7 @@ so every step execution has exactly one path and ``parse_step_path`` and
 
 from __future__ import annotations
 
+import functools
 import re
 
 from pydantic import BaseModel, ConfigDict, model_validator
@@ -166,6 +167,14 @@ def parse_step_path(path: str) -> StepPathParts:
     """
     if not isinstance(path, str):
         raise InvalidStepPathError(f"a step path must be a string, got {type(path).__name__}")
+    return _parse(path)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse(path: str) -> StepPathParts:
+    # Cached: a step's path is parsed for its context and again when its StepCompleted is
+    # folded (its visit counter), some 5 us each. The parts are frozen, so one instance can
+    # be handed out twice; a path that is refused raises each time (nothing is cached).
     match = _PATH_RE.fullmatch(path)
     if match is None:
         raise InvalidStepPathError(
