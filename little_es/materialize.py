@@ -39,6 +39,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict
 
+from little_es import _compact
 from little_es._frozen import FrozenDict, freeze
 from little_es.errors import InvalidStepPathError
 from little_es.events import (
@@ -158,6 +159,10 @@ class StepState(BaseModel):
     error: ErrorInfo | None = None
     session_ids: tuple[UUID, ...] = ()
     usage: UsageTotals = UsageTotals()
+
+
+# A long run holds one per step, in its result and in a replay's.
+_compact.prepare(StepState)
 
 
 class MaterializedRunState(BaseModel):
@@ -338,21 +343,24 @@ class StepFold:
     def freeze(self) -> StepState:
         """The immutable view of this step."""
         if self._view is None:
-            self._view = StepState.model_construct(
+            self._view = _compact.construct(
+                StepState,
                 _STEP_FIELDS,
-                step_path=self.step_path,
-                step_id=self.step_id,
-                kind=self.kind,
-                status=self.status,
-                visit=self.visit,
-                attempts=self.attempts,
-                output=freeze(self.output),
-                output_ref=self.output_ref,
-                artifact_refs=self.artifact_refs,
-                next_step=self.next_step,
-                error=self.error,
-                session_ids=tuple(self.session_ids),
-                usage=self.usage.freeze(),
+                {
+                    "step_path": self.step_path,
+                    "step_id": self.step_id,
+                    "kind": self.kind,
+                    "status": self.status,
+                    "visit": self.visit,
+                    "attempts": self.attempts,
+                    "output": freeze(self.output),
+                    "output_ref": self.output_ref,
+                    "artifact_refs": self.artifact_refs,
+                    "next_step": self.next_step,
+                    "error": self.error,
+                    "session_ids": tuple(self.session_ids),
+                    "usage": self.usage.freeze(),
+                },
             )
         return self._view
 
