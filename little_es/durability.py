@@ -97,6 +97,7 @@ from uuid import UUID
 import orjson
 from pydantic import BaseModel
 
+from little_es._frozen import freeze
 from little_es._strict import check_json_value, refuse_problem
 from little_es.aggregates import DomainStream
 from little_es.backends.base import check_leases
@@ -306,14 +307,16 @@ class RunRecorder:
             self._save(())
 
     def _store_output(self, step_path: str, output: Any) -> tuple[Any, ArtifactRef | None]:
-        """The output as read back from JSON, and its artifact when too large to inline."""
+        """The output as read back from JSON (frozen), and its artifact when too large to inline."""
         data, read_back = _encode(step_path, output)
         output_ref = None
         if len(data) > OUTPUT_INLINE_LIMIT:
             output_ref = self.world.artifacts.put(
                 data, run_id=self.run_id, step_path=step_path, media_type=OUTPUT_MEDIA_TYPE
             )
-        return read_back, output_ref
+        # Frozen once: the event, the fold, its view and the outputs later steps see
+        # share this one copy.
+        return freeze(read_back), output_ref
 
     def _commit(
         self,
