@@ -307,16 +307,14 @@ class RunRecorder:
             self._save(())
 
     def _store_output(self, step_path: str, output: Any) -> tuple[Any, ArtifactRef | None]:
-        """The output as read back from JSON (frozen), and its artifact when too large to inline."""
+        """The output as read back from JSON, and its artifact when too large to inline."""
         data, read_back = _encode(step_path, output)
         output_ref = None
         if len(data) > OUTPUT_INLINE_LIMIT:
             output_ref = self.world.artifacts.put(
                 data, run_id=self.run_id, step_path=step_path, media_type=OUTPUT_MEDIA_TYPE
             )
-        # Frozen once: the event, the fold, its view and the outputs later steps see
-        # share this one copy.
-        return freeze(read_back), output_ref
+        return read_back, output_ref
 
     def _commit(
         self,
@@ -393,7 +391,10 @@ class RunRecorder:
         the step completed) and committed by this recorder's next commit, or by
         :meth:`flush`: see "One commit per step" in this module.
         """
-        inline, output_ref = self._store_output(step_path, output)
+        read_back, output_ref = self._store_output(step_path, output)
+        # Frozen once: the event, the fold, its view and the outputs later steps see
+        # share this one copy.
+        inline = freeze(read_back)
         self._commit(
             StepCompleted,
             step_path=step_path,
