@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any
 
 import orjson
-from pydantic import BaseModel, Field, PlainValidator, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from little_es.errors import EventPayloadError
@@ -220,6 +220,10 @@ class _SnapshotCheck(Snapshot):
     Here each value of the state, and each entry of a state value that is an object (a
     run's steps), is read and dropped in turn.
     """
+
+    # pydantic's cache of the strings it reads would keep thousands of step paths of a
+    # state that is dropped at once.
+    model_config = ConfigDict(cache_strings=False)
 
     state: dict[
         str, Annotated[dict[str, _Discarded] | _Discarded, Field(union_mode="left_to_right")]
