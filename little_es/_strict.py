@@ -28,13 +28,14 @@ import math
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from little_es.errors import EventPayloadError
+from little_es.events import Snapshot
 from little_es.values import (
     UNCHECKED_KEY,
     Checked,
@@ -194,12 +195,39 @@ def check_snapshot_payload(model: BaseModel, label: str, data: bytes) -> None:
     state's own structure: the depth limit of values does not apply to it as a
     whole, and it is rare (at doubling versions), so it is only validated.
     """
+    cls = _SnapshotCheck if type(model) is Snapshot else type(model)
     try:
-        type(model).__pydantic_validator__.validate_json(data)
+        cls.__pydantic_validator__.validate_json(data)
     except ValidationError as exc:
         raise EventPayloadError(
             f"cannot record {label}: the payload would not read back: {describe(exc)}"
         ) from exc
+
+
+def _discard(value: object) -> None:
+    return None
+
+
+_Discarded = Annotated[Any, PlainValidator(_discard)]
+
+
+class _SnapshotCheck(Snapshot):
+    """A :class:`~little_es.events.Snapshot` validator that accepts exactly what Snapshot's
+    does (its state's values are any JSON) but keeps none of the state it reads.
+
+    Validated as a Snapshot, a run's snapshot would be built whole beside the state it was
+    just serialised from: at a long run's snapshot, the largest part of its peak memory.
+    Here each value of the state, and each entry of a state value that is an object (a
+    run's steps), is read and dropped in turn.
+    """
+
+    # pydantic's cache of the strings it reads would keep thousands of step paths of a
+    # state that is dropped at once.
+    model_config = ConfigDict(cache_strings=False)
+
+    state: dict[
+        str, Annotated[dict[str, _Discarded] | _Discarded, Field(union_mode="left_to_right")]
+    ]
 
 
 def refuse_unvalidated(event: BaseModel, label: str) -> None:

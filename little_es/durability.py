@@ -97,6 +97,7 @@ from uuid import UUID
 import orjson
 from pydantic import BaseModel
 
+from little_es._frozen import freeze
 from little_es._strict import check_json_value, refuse_problem
 from little_es.aggregates import DomainStream
 from little_es.backends.base import check_leases
@@ -404,7 +405,10 @@ class RunRecorder:
         :func:`checked_output` of ``output`` when the caller checked it already (the
         executor does, to tell a step's unstorable output from a failure to record it).
         """
-        inline, output_ref = self._store_output(step_path, output, encoded)
+        read_back, output_ref = self._store_output(step_path, output, encoded)
+        # Frozen once: the event, the fold, its view and the outputs later steps see
+        # share this one copy.
+        inline = freeze(read_back)
         self._commit(
             StepCompleted,
             step_path=step_path,

@@ -39,6 +39,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict
 
+from little_es import _compact
 from little_es._frozen import FrozenDict, freeze
 from little_es.errors import InvalidStepPathError
 from little_es.events import (
@@ -158,6 +159,10 @@ class StepState(BaseModel):
     error: ErrorInfo | None = None
     session_ids: tuple[UUID, ...] = ()
     usage: UsageTotals = UsageTotals()
+
+
+# A long run holds one per step, in its result and in a replay's.
+_compact.prepare(StepState)
 
 
 class MaterializedRunState(BaseModel):
@@ -323,8 +328,9 @@ class StepFold:
     artifact_refs: tuple[ArtifactRef, ...] = ()
     next_step: str | None = None
     error: ErrorInfo | None = None
-    session_ids: list[UUID] = field(default_factory=list)
-    usage: _UsageSum = field(default_factory=_UsageSum)
+    session_ids: tuple[UUID, ...] = ()
+    usage: _UsageSum = field(default_factory=lambda: _NO_CALLS)
+    """Shared by every step that has no model call yet: change it with :meth:`add_usage`."""
     gave_up_attempt: int = 0
     """The attempt of the last ``StepFailed(will_retry=False)`` (0: none): a resume after it
     gets a fresh budget of attempts counted from there."""
@@ -338,24 +344,34 @@ class StepFold:
         self._view = None
         return self
 
+    def add_usage(self, usage: Usage, cost_pusd: int | None) -> None:
+        """Add one model call's usage and cost to this step's."""
+        if self.usage is _NO_CALLS:
+            # Most steps never call a model: one sum each would be most of their fold.
+            self.usage = _UsageSum()
+        self.usage.add(usage, cost_pusd)
+
     def freeze(self) -> StepState:
         """The immutable view of this step."""
         if self._view is None:
-            self._view = StepState.model_construct(
+            self._view = _compact.construct(
+                StepState,
                 _STEP_FIELDS,
-                step_path=self.step_path,
-                step_id=self.step_id,
-                kind=self.kind,
-                status=self.status,
-                visit=self.visit,
-                attempts=self.attempts,
-                output=freeze(self.output),
-                output_ref=self.output_ref,
-                artifact_refs=self.artifact_refs,
-                next_step=self.next_step,
-                error=self.error,
-                session_ids=tuple(self.session_ids),
-                usage=self.usage.freeze(),
+                {
+                    "step_path": self.step_path,
+                    "step_id": self.step_id,
+                    "kind": self.kind,
+                    "status": self.status,
+                    "visit": self.visit,
+                    "attempts": self.attempts,
+                    "output": freeze(self.output),
+                    "output_ref": self.output_ref,
+                    "artifact_refs": self.artifact_refs,
+                    "next_step": self.next_step,
+                    "error": self.error,
+                    "session_ids": self.session_ids,
+                    "usage": self.usage.freeze(),
+                },
             )
         return self._view
 
@@ -459,8 +475,8 @@ class RunFold:
                 artifact_refs=s.artifact_refs,
                 next_step=s.next_step,
                 error=s.error,
-                session_ids=list(s.session_ids),
-                usage=_UsageSum() if not s.usage.calls else _UsageSum.from_totals(s.usage),
+                session_ids=s.session_ids,
+                usage=_NO_CALLS if not s.usage.calls else _UsageSum.from_totals(s.usage),
                 gave_up_attempt=(
                     gave_up_attempts.get(path, 0)
                     if gave_up_attempts is not None
@@ -491,7 +507,7 @@ class RunFold:
         """Put back the output of ``step_path`` that a snapshot names by the ``version`` of
         its ``StepCompleted`` (read from the stream)."""
         step = self.steps[step_path].changing()
-        step.output = output
+        step.output = freeze(output)
         step.output_version = version
 
     def step(self, step_path: str, step_id: str) -> StepFold:
@@ -575,7 +591,7 @@ def apply(state: RunFold, event: Event) -> RunFold:
             state.usage.add(r.usage, cost)
             path = event.step_path or state.session_steps.get(event.originator_id)
             if path is not None and path in state.steps:
-                state.steps[path].changing().usage.add(r.usage, cost)
+                state.steps[path].changing().add_usage(r.usage, cost)
         case StepStarted():
             step = state.step(event.step_path, event.step_id)
             step.kind = event.kind
@@ -584,7 +600,7 @@ def apply(state: RunFold, event: Event) -> RunFold:
             step.attempts = event.attempt
             step.error = None
             if event.session_id is not None:
-                step.session_ids.append(event.session_id)
+                step.session_ids = (*step.session_ids, event.session_id)
                 state.session_steps[event.session_id] = event.step_path
             if state.status == "failed":
                 state.status = "running"
@@ -595,7 +611,9 @@ def apply(state: RunFold, event: Event) -> RunFold:
             step.status = "completed"
             step.visit = event.visit
             step.attempts = event.attempt
-            step.output = event.output
+            # Frozen here rather than in the view: the fold, the view and the recorder
+            # then hold one copy of the output, not a mutable one beside a frozen one.
+            step.output = freeze(event.output)
             step.output_version = event.originator_version
             step.output_ref = event.output_ref
             step.artifact_refs = event.artifact_refs

@@ -27,6 +27,7 @@ from typing import Literal
 import orjson
 from pydantic import BaseModel, ConfigDict
 
+from little_es import _compact
 from little_es._frozen import freeze
 from little_es.ids import validate_run_id
 from little_es.materialize import COUNTED_ONLY, MaterializedRunState
@@ -54,6 +55,10 @@ class ReplayPlanStep(BaseModel):
     output: JSONValue = None
     output_ref: ArtifactRef | None = None
     artifact_refs: tuple[ArtifactRef, ...] = ()
+
+
+# A replay holds one per step path.
+_compact.prepare(ReplayPlanStep)
 
 
 class ReplayResult(BaseModel):
@@ -104,14 +109,17 @@ def replay_run(world: World, run_id: str) -> ReplayResult:
     steps = tuple(
         # The state is validated and frozen already: the plan shares its outputs
         # rather than holding a validated copy of each.
-        ReplayPlanStep.model_construct(
+        _compact.construct(
+            ReplayPlanStep,
             _PLAN_FIELDS,
-            step_path=path,
-            status=step.status,
-            should_run=step.status != "completed",
-            output=step.output,
-            output_ref=step.output_ref,
-            artifact_refs=step.artifact_refs,
+            {
+                "step_path": path,
+                "status": step.status,
+                "should_run": step.status != "completed",
+                "output": step.output,
+                "output_ref": step.output_ref,
+                "artifact_refs": step.artifact_refs,
+            },
         )
         for path, step in state.steps.items()
     )

@@ -834,9 +834,13 @@ class World:
         stands for, so a load can tell it belongs to the stream it is read with."""
         assert self.app.snapshots is not None
         snapshot = aggregate.take_snapshot()
-        topic, payload = self._mapper.encode_payload(snapshot)
         version = snapshot.originator_version
+        topic, payload = self._mapper.encode_payload(snapshot)
+        # The state and its bytes are each as large as the run: free each one as soon
+        # as the next is made, or a long run's peak memory is several copies of it.
+        del snapshot
         data = frame(aggregate.chain_digest, aggregate.id, version, topic, payload)
+        del payload
         self.app.snapshots.recorder.insert_events([StoredEvent(aggregate.id, version, topic, data)])
 
     def set_model_price(

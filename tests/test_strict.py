@@ -486,3 +486,40 @@ def test_nan_infinity_or_too_deep_is_refused_on_every_path(
 ) -> None:
     bad = {"v": value, "bad": [leaf]} if inside else leaf
     _through_every_path(value, bad, path)
+
+
+_SNAPSHOT_TS = b'"2024-01-01T00:00:00Z"'
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        b'{"steps":{"a":{"output":{"x":[1,2]}}},"event_count":3}',
+        b'{"steps":{"a":NaN},"n":Infinity}',
+        b"[1]",
+        b'{"steps":[1,{"a":2}],"n":null}',
+        b'{"s":' + b"[" * 300 + b"]" * 300 + b"}",
+        b'{"s":{"a":' + b"[" * 250 + b"]" * 250 + b"}}",
+        b'{"s":"\\ud800"}',
+        b'{"s":{"a":123456789012345678901234567890,"a":1e400}}',
+        b'{"s":{"a":1}',
+    ],
+)
+def test_a_snapshot_payload_is_refused_exactly_as_a_snapshot_reader_refuses_it(
+    state: bytes,
+) -> None:
+    from pydantic import ValidationError
+
+    from little_es._strict import check_snapshot_payload
+    from little_es.errors import EventPayloadError
+    from little_es.events import Snapshot
+
+    data = b'{"aggregate":"Run","timestamp":' + _SNAPSHOT_TS + b',"state":' + state + b"}"
+    snapshot = Snapshot.model_construct(aggregate="Run", state={})
+    try:
+        Snapshot.model_validate_json(data)
+    except ValidationError:
+        with pytest.raises(EventPayloadError, match="would not read back"):
+            check_snapshot_payload(snapshot, "little_es.snapshot", data)
+    else:
+        check_snapshot_payload(snapshot, "little_es.snapshot", data)

@@ -28,12 +28,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
+import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from pydantic import BaseModel, ValidationError
 
+from little_es import _compact
 from little_es.errors import (
     InvalidBranchSetError,
     LittleEsError,
@@ -320,7 +322,9 @@ def _callable_ref(fn: Callable[..., Any]) -> str:
     module = getattr(target, "__module__", None)
     if not isinstance(module, str):
         module = type(target).__module__
-    return f"{module}:{qualname}"
+    # One string for every step of the same function: a long workflow is often
+    # one function run under many ids.
+    return sys.intern(f"{module}:{qualname}")
 
 
 def _check_id(id: object, what: str = "step") -> str:
@@ -360,24 +364,35 @@ def _check_max_visits(id: str, max_visits: object) -> int:
     return max_visits
 
 
+_NO_RETRY: RetryPolicy = StepIR.model_fields["retry"].default
+# The sets of field names given to StepIR, one of each: pydantic gives each instance
+# its own, larger than the rest of the step.
+_FIELDS_SETS: dict[frozenset[str], set[str]] = {}
+
+
 def _check_retry(id: str, retry: object) -> RetryPolicy:
     if retry is None:
-        return RetryPolicy()
+        # Shared, as the StepIR default is: frozen, and as large as the step itself.
+        return _NO_RETRY
     if not isinstance(retry, RetryPolicy):
         raise WorkflowDefinitionError(
             f"step {id!r}: retry must be a RetryPolicy (e.g. RetryPolicy(max_attempts=3)),"
             f" got {type(retry).__name__}"
         )
-    return retry
+    return _NO_RETRY if retry == _NO_RETRY else retry
 
 
 def _step_ir(**fields: Any) -> StepIR:
     # The builders check everything a user can get wrong first; this turns any
     # remaining model error into the exception the authoring API promises.
     try:
-        return StepIR(**fields)
+        checked = StepIR(**fields)
     except ValidationError as exc:
         raise WorkflowDefinitionError(f"step {fields.get('id')!r}: {exc}") from exc
+    given = checked.__pydantic_fields_set__
+    shared = _FIELDS_SETS.setdefault(frozenset(given), given)
+    # The validated values, in the compact form a workflow of many steps can afford.
+    return _compact.construct(StepIR, shared, checked.__dict__)
 
 
 def task(

@@ -22,6 +22,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from little_es import _compact
 from little_es.workflow.paths import STEP_ID_PATTERN
 
 __all__ = [
@@ -246,6 +247,10 @@ class StepIR(_Frozen):
         if self.branch_step is None:
             return (self,)
         return (self, self.branch_step)
+
+
+# A workflow holds one per step (see little_es.workflow.authoring).
+_compact.prepare(StepIR)
 
 
 class WorkflowIR(_Frozen):
