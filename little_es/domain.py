@@ -273,11 +273,17 @@ class Run(Aggregate):
         (:mod:`little_es.codec`): most of a step's fields are (no usage, no error,
         first visit), and :meth:`restore` validates them back in.
         """
-        state = self.fold.freeze().model_dump(mode="json", exclude_defaults=True)
         outputs_at = self.fold.output_versions()
-        steps = state.get("steps", {})
-        for path in outputs_at:
-            steps[path].pop("output", None)
+        # Left out as the state is dumped: a long run's outputs are most of it, and a
+        # dump that held them would need them all in memory once more.
+        exclude: dict[str, Any] = {
+            "steps": (
+                {"__all__": {"output"}}
+                if all(s.output is None or p in outputs_at for p, s in self.fold.steps.items())
+                else {path: {"output"} for path in outputs_at}
+            )
+        }
+        state = self.fold.freeze().model_dump(mode="json", exclude_defaults=True, exclude=exclude)
         state[_GAVE_UP_KEY] = self.fold.gave_up_attempts()
         state[_OUTPUTS_AT_KEY] = outputs_at
         return state
