@@ -5,12 +5,12 @@ pydantic gives every instance its own ``__dict__``: a 13-field model costs about
 an instance's attributes instead as a bare array of values whose keys live once
 on the class (a "split" dict), a third of the size; it does so when the
 attributes are set one by one, in the same order, on an instance without a dict
-of its own. :func:`construct` builds instances so. They are ordinary instances
+of its own. :func:`construct_compact` builds instances so. They are ordinary instances
 of their class (equal, dumped, copied, pickled and hashed as any other); where
 the interpreter does not split them, they are as large as before, never larger.
 
 The class learns its keys from the first instances it sees, and stops learning
-after a few dozen instances were made without: :func:`prepare` must run right
+after a few dozen instances were made without: :func:`prepare_compact` must run right
 after the class is defined, before any instance is made.
 """
 
@@ -25,8 +25,8 @@ M = TypeVar("M", bound=BaseModel)
 _setattr = object.__setattr__
 
 
-def prepare(cls: type[BaseModel]) -> None:
-    """Teach ``cls`` its field names, in order, so that :func:`construct` can split them."""
+def prepare_compact(cls: type[BaseModel]) -> None:
+    """Teach ``cls`` its field names, in order, so that :func:`construct_compact` can split them."""
     if cls.__pydantic_post_init__ or cls.__private_attributes__ or cls.__pydantic_root_model__:
         raise TypeError(f"{cls.__name__}: only plain models can be built compact")
     first = cls.__new__(cls)
@@ -34,7 +34,7 @@ def prepare(cls: type[BaseModel]) -> None:
         _setattr(first, name, None)
 
 
-def construct(cls: type[M], fields_set: set[str], values: dict[str, Any]) -> M:
+def construct_compact(cls: type[M], fields_set: set[str], values: dict[str, Any]) -> M:
     """An instance of ``cls`` holding ``values``, trusted and already validated.
 
     ``values`` must give every field; ``fields_set`` is shared, never copied

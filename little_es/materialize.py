@@ -39,7 +39,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict
 
-from little_es import _compact
+from little_es._compact import construct_compact, prepare_compact
 from little_es._frozen import FrozenDict, freeze
 from little_es.errors import InvalidStepPathError
 from little_es.events import (
@@ -162,7 +162,7 @@ class StepState(BaseModel):
 
 
 # A long run holds one per step, in its result and in a replay's.
-_compact.prepare(StepState)
+prepare_compact(StepState)
 
 
 class MaterializedRunState(BaseModel):
@@ -354,7 +354,7 @@ class StepFold:
     def freeze(self) -> StepState:
         """The immutable view of this step."""
         if self._view is None:
-            self._view = _compact.construct(
+            self._view = construct_compact(
                 StepState,
                 _STEP_FIELDS,
                 {

@@ -27,7 +27,7 @@ from typing import Literal
 import orjson
 from pydantic import BaseModel, ConfigDict
 
-from little_es import _compact
+from little_es._compact import construct_compact, prepare_compact
 from little_es._frozen import freeze
 from little_es.ids import validate_run_id
 from little_es.materialize import COUNTED_ONLY, MaterializedRunState
@@ -58,7 +58,7 @@ class ReplayPlanStep(BaseModel):
 
 
 # A replay holds one per step path.
-_compact.prepare(ReplayPlanStep)
+prepare_compact(ReplayPlanStep)
 
 
 class ReplayResult(BaseModel):
@@ -109,7 +109,7 @@ def replay_run(world: World, run_id: str) -> ReplayResult:
     steps = tuple(
         # The state is validated and frozen already: the plan shares its outputs
         # rather than holding a validated copy of each.
-        _compact.construct(
+        construct_compact(
             ReplayPlanStep,
             _PLAN_FIELDS,
             {

@@ -89,7 +89,7 @@ def test_compact_instances_are_smaller_than_pydantics_own(sample: Callable[[], B
     cls = type(one)
     values = dict(one.__dict__)
     fields = set(one.model_fields_set)
-    compact = _traced_bytes(lambda: _compact.construct(cls, fields, values))
+    compact = _traced_bytes(lambda: _compact.construct_compact(cls, fields, values))
     ordinary = _traced_bytes(lambda: cls.model_construct(fields, **values))
     assert compact < 0.6 * ordinary, (compact, ordinary)
 
@@ -98,7 +98,7 @@ def _plan_step() -> ReplayPlanStep:
     from little_es import _compact
     from little_es.replay import _PLAN_FIELDS
 
-    return _compact.construct(
+    return _compact.construct_compact(
         ReplayPlanStep,
         _PLAN_FIELDS,
         {
@@ -122,4 +122,4 @@ def test_only_plain_models_are_built_compact() -> None:
             pass
 
     with pytest.raises(TypeError, match="plain models"):
-        _compact.prepare(Hooked)
+        _compact.prepare_compact(Hooked)

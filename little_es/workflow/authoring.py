@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from pydantic import BaseModel, ValidationError
 
-from little_es import _compact
+from little_es._compact import construct_compact
 from little_es.errors import (
     InvalidBranchSetError,
     LittleEsError,
@@ -392,7 +392,7 @@ def _step_ir(**fields: Any) -> StepIR:
     given = checked.__pydantic_fields_set__
     shared = _FIELDS_SETS.setdefault(frozenset(given), given)
     # The validated values, in the compact form a workflow of many steps can afford.
-    return _compact.construct(StepIR, shared, checked.__dict__)
+    return construct_compact(StepIR, shared, checked.__dict__)
 
 
 def task(

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from little_es import _compact
+from little_es._compact import prepare_compact
 from little_es.workflow.paths import STEP_ID_PATTERN
 
 __all__ = [
@@ -250,7 +250,7 @@ class StepIR(_Frozen):
 
 
 # A workflow holds one per step (see little_es.workflow.authoring).
-_compact.prepare(StepIR)
+prepare_compact(StepIR)
 
 
 class WorkflowIR(_Frozen):
