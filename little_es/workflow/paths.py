@@ -174,8 +174,9 @@ def parse_step_path(path: str) -> StepPathParts:
 def _parse(path: str) -> StepPathParts:
     # Cached: a step's path is parsed for its context and again when its StepCompleted is
     # folded (its visit counter), some 5 us each; the two are a few steps apart at most, so
-    # a small cache serves them (each entry is ~800 B, kept after the run). The parts are frozen, so one instance can
-    # be handed out twice; a path that is refused raises each time (nothing is cached).
+    # a small cache serves them (each entry is ~800 B, kept after the run). The parts are
+    # frozen, so one instance can be handed out twice; a path that is refused raises each
+    # time (nothing is cached).
     match = _PATH_RE.fullmatch(path)
     if match is None:
         raise InvalidStepPathError(
