@@ -569,9 +569,9 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
 
 
 _POLL_S = 0.1
+"""How often a subscription reads the log for new notifications."""
 _PLAIN_ROWS = 4
 """Commits of up to this many rows send them as plain parameters (one statement per count)."""
-"""How often a subscription reads the log for new notifications."""
 
 
 class _PollingSubscription(PostgresSubscription):
