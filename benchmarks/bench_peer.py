@@ -294,6 +294,10 @@ class Kind:
         """The world's bytes on disk (the world closed)."""
         raise NotImplementedError
 
+    def world_parts(self, place: Place) -> dict[str, int]:
+        """The largest parts of :meth:`world_bytes`, by table or index (the world closed)."""
+        raise NotImplementedError
+
     @contextlib.contextmanager
     def floor(self, place: Place) -> Iterator[Floor]:
         """A floor writing into ``place``."""
@@ -371,6 +375,16 @@ class SqliteKind(Kind):
         """Every file in the data dir, its WAL checkpointed."""
         assert place.path is not None
         return _checkpointed_dir_bytes(place.path / "world")
+
+    def world_parts(self, place: Place) -> dict[str, int]:
+        """The pages of each table and index of the world's file (SQLite's ``dbstat``)."""
+        assert place.path is not None
+        conn = sqlite3.connect(place.path / "world" / "events.sqlite3")
+        try:
+            rows = conn.execute("SELECT name, sum(pgsize) FROM dbstat GROUP BY name").fetchall()
+        finally:
+            conn.close()
+        return {str(name): int(size) for name, size in rows}
 
     @contextlib.contextmanager
     def floor(self, place: Place) -> Iterator[Floor]:
@@ -467,6 +481,22 @@ class PostgresKind(Kind):
         """``pg_total_relation_size`` of every table of the world's schema."""
         return self._schema_bytes(place.schema)
 
+    def world_parts(self, place: Place) -> dict[str, int]:
+        """Each table of the world's schema: its heap (and TOAST), and its indexes."""
+        query = (
+            "SELECT c.relname, pg_total_relation_size(c.oid) - pg_indexes_size(c.oid),"
+            " pg_indexes_size(c.oid) FROM pg_class c"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relkind = 'r'"
+        )
+        with self._connect() as conn:
+            rows = conn.execute(query, (place.schema,)).fetchall()
+        parts: dict[str, int] = {}
+        for name, heap, indexes in rows:
+            parts[str(name)] = int(heap)
+            parts[f"{name} indexes"] = int(indexes)
+        return parts
+
     @contextlib.contextmanager
     def floor(self, place: Place) -> Iterator[Floor]:
         """A table of the schema, on a connection with synchronous_commit=on."""
@@ -533,6 +563,7 @@ def bytes_per_step(kind: Kind, n: int, empty: int, figures: Figures) -> None:
         with kind.world(place) as world:
             asyncio.run(run_workflow(world, wf, {}, run_id=RUN_ID))
         ours = kind.world_bytes(place)
+        parts = kind.world_parts(place)
     with kind.place() as place:
         with kind.floor(place) as floor:
             floor.run(n)
@@ -549,6 +580,10 @@ def bytes_per_step(kind: Kind, n: int, empty: int, figures: Figures) -> None:
         baseline=floors / n,
         baseline_what="the floor's rows (table, primary key), measured the same way",
     )
+    # Where they go: the parts of at least a tenth of a byte a step.
+    for part, size in sorted(parts.items(), key=lambda item: -item[1]):
+        if size >= n // 10:
+            figures.add(f"{kind.name}: of those, {part}, per step, N={n:,}", size / n, "B")
 
 
 def resume(kind: Kind, reps: int, figures: Figures) -> None:
