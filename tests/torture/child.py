@@ -25,7 +25,9 @@ import asyncio
 import os
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import orjson
 
@@ -47,8 +49,24 @@ BUG_ENV = "TORTURE_BUG"
 RERUN_COMPLETED = "rerun-completed"
 LOOP_RERUN_CYCLE = "loop-rerun-cycle"
 WAITING_EXIT_CODE = 3
+T = TypeVar("T")
+
 LEASE_WAIT_S = 15.0
 """How long a loop resume tries again while PostgreSQL still holds a killed process's lease."""
+
+
+async def while_leased_elsewhere(attempt: Callable[[], Awaitable[T]]) -> T:
+    """``attempt()``, tried again for up to :data:`LEASE_WAIT_S` while another process holds
+    the run's lease: a PostgreSQL lease (an advisory lock) is freed when the server sees the
+    killed holder's connection close, a moment after the kill."""
+    deadline = time.monotonic() + LEASE_WAIT_S
+    while True:
+        try:
+            return await attempt()
+        except ConcurrentRunError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
 
 
 def _rerun_completed_step(world_url: str, run_id: str, step: str, ledger: Ledger) -> None:
@@ -86,26 +104,17 @@ async def _loop(world_url: str, loop_id: str, ledger: Ledger) -> int:
     if os.environ.get(BUG_ENV) == LOOP_RERUN_CYCLE:
         _rerun_completed_step(world_url, cycle_run_id(loop_id, 1), "fetch", ledger)
     planner, workflow = build_loop(ledger, loop_id)
-    deadline = time.monotonic() + LEASE_WAIT_S
     with open_world(world_url) as world:
-        while True:
-            try:
-                result = await run_outer_loop(
-                    world,
-                    planner=planner,
-                    workflow=workflow,
-                    outer_loop_id=loop_id,
-                    max_cycles=LOOP_CYCLES + 1,
-                    input={"goal": "torture"},
-                )
-            except ConcurrentRunError:
-                # A PostgreSQL lease (an advisory lock) is freed when the server sees the
-                # killed holder's connection close, a moment after the kill.
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.05)
-                continue
-            break
+        result = await while_leased_elsewhere(
+            lambda: run_outer_loop(
+                world,
+                planner=planner,
+                workflow=workflow,
+                outer_loop_id=loop_id,
+                max_cycles=LOOP_CYCLES + 1,
+                input={"goal": "torture"},
+            )
+        )
     sys.stdout.write(orjson.dumps({"reason": result.reason}).decode() + "\n")
     return 0
 

@@ -50,7 +50,6 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from little_es import (
-    ConcurrentRunError,
     World,
     configure_logging,
     open_world,
@@ -61,11 +60,11 @@ from little_es.outer_loop import cycle_run_id
 from tests.torture import forkserver
 from tests.torture.child import (
     BUG_ENV,
-    LEASE_WAIT_S,
     LOOP_RERUN_CYCLE,
     RERUN_COMPLETED,
     WAITING_EXIT_CODE,
     _rerun_completed_step,
+    while_leased_elsewhere,
 )
 from tests.torture.driver import REPO, ForkServerEngine, Process, _Popen
 from tests.torture.ledger import Ledger
@@ -256,30 +255,21 @@ async def _loop(client: Client, world: World, loop_id: str, ledger: Ledger, queu
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=STICKY_S),
         identity=f"torture-{os.getpid()}",
     )
-    deadline = time.monotonic() + LEASE_WAIT_S
     async with worker:
         # The loop is driven here; each cycle's planner run and cycle run is a workflow
         # on the workers of the loop's task queue (this process's).
         engine = RunsOnTemporal(client, task_queue=queue, timeouts=TIMEOUTS)
-        while True:
-            try:
-                result = await run_outer_loop(
-                    world,
-                    planner=planner,
-                    workflow=workflow,
-                    outer_loop_id=loop_id,
-                    max_cycles=LOOP_CYCLES + 1,
-                    input={"goal": "torture"},
-                    engine=engine,
-                )
-            except ConcurrentRunError:
-                # A PostgreSQL lease is freed once the server sees the killed holder's
-                # connection close, a moment after the kill.
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.05)
-                continue
-            break
+        result = await while_leased_elsewhere(
+            lambda: run_outer_loop(
+                world,
+                planner=planner,
+                workflow=workflow,
+                outer_loop_id=loop_id,
+                max_cycles=LOOP_CYCLES + 1,
+                input={"goal": "torture"},
+                engine=engine,
+            )
+        )
     line = {"reason": result.reason, "engine": "temporal"}
     sys.stdout.write(orjson.dumps(line).decode() + "\n")
     return 0
