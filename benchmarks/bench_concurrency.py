@@ -229,7 +229,7 @@ def _sqlite_sizes(data_dir: Path) -> dict[str, int]:
     conn = sqlite3.connect(data_dir / "events.sqlite3")
     try:
         found = conn.execute(
-            "SELECT topic, avg(length(state)) FROM stored_events GROUP BY topic"
+            "SELECT topic, avg(length(state)) FROM little_es_rows GROUP BY topic"
         ).fetchall()
     finally:
         conn.close()

@@ -168,7 +168,7 @@ def raw_read(db: Path, streams: list[UUID]) -> int:
         loads = orjson.loads
         for stream in streams:
             rows = conn.execute(
-                "SELECT originator_version, topic, state FROM stored_events"
+                "SELECT originator_version, topic, state FROM little_es_rows"
                 " WHERE originator_id = ? ORDER BY originator_version",
                 (stream.hex,),
             ).fetchall()

@@ -252,7 +252,7 @@ class SqliteBackend(Backend):
         conn = sqlite3.connect(self.data_dir / "events.sqlite3")
         try:
             rows = conn.execute(
-                "SELECT topic, state FROM stored_events WHERE originator_id = ?"
+                "SELECT topic, state FROM little_es_rows WHERE originator_id = ?"
                 " ORDER BY originator_version",
                 (stream_id.hex,),
             ).fetchall()

@@ -10,7 +10,9 @@ that a change to the codec that would stop today's readers from reading such a l
 CI. Never regenerate it with newer
 code: it would then test nothing. ``tests/fixtures/chained_log.jsonl`` was written the
 same way by the code of log format 2 (commit 03df795: field names, ISO timestamps, the
-65-byte chain frame).
+65-byte chain frame), and ``tests/fixtures/compact_log.jsonl`` by the code of log format 3
+in eventsourcing's SQLite table layout (commit e1c70af), whose data directory (its
+``events.sqlite3`` and ``world.json``) is kept too, as ``tests/fixtures/sqlite_world/``.
 
 Two runs: ``run_verbose_done`` completed; ``run_verbose_half`` failed at ``publish``
 (:data:`PUBLISH_FAILS` was set), so a resume runs ``publish`` alone. :data:`CALLS`

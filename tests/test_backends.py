@@ -10,6 +10,7 @@ fail under ``CI=true`` (as ``conftest.py`` does for the ``world`` fixture).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import sqlite3
@@ -65,6 +66,7 @@ from little_es.backends.mysql import (
 from little_es.backends.postgres import LittlePostgresApplicationRecorder, LittlePostgresFactory
 from little_es.backends.sqlite import (
     SYNCHRONOUS_ENV,
+    CompactSQLiteApplicationRecorder,
     FileArtifactStore,
     LittleSQLiteApplicationRecorder,
     LittleSQLiteFactory,
@@ -178,7 +180,31 @@ class SQLiteStorage(conformance.WorldTestCase):
         return local_world(self.data_dir)
 
 
+class SQLiteEventsourcingLayoutStorage(SQLiteStorage):
+    """A data directory whose events file holds eventsourcing's table, as files made by
+    versions before the compact layout do: the world keeps that layout."""
+
+    def make_world(self) -> World:
+        """A local world on a file that already has eventsourcing's events table."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with contextlib.closing(sqlite3.connect(self.data_dir / "events.sqlite3")) as conn:
+            conn.execute(_EVENTSOURCING_EVENTS_TABLE)
+        world = local_world(self.data_dir)
+        assert type(world.app.recorder) is LittleSQLiteApplicationRecorder
+        return world
+
+
+# What eventsourcing 9's SQLite application recorder creates.
+_EVENTSOURCING_EVENTS_TABLE = (
+    "CREATE TABLE IF NOT EXISTS stored_events (originator_id TEXT, originator_version INTEGER,"
+    " topic TEXT, state BLOB, PRIMARY KEY (originator_id, originator_version))"
+)
+
+
 class TestSQLiteWorld(SQLiteStorage, conformance.BackendTestCase):
+    # What every append inserts into, and nothing may update or delete.
+    event_tables = ("little_es_events", "little_es_streams", "stored_snapshots")
+
     def world_url(self) -> str:
         return f"sqlite:///{self.data_dir}"
 
@@ -200,14 +226,30 @@ class TestSQLiteWorld(SQLiteStorage, conformance.BackendTestCase):
 
         with mock.patch.object(sqlite3, "connect", traced_connect):
             yield
-        on_events = [s for s in statements if re.search(r"stored_(events|snapshots)", s)]
+        on_events = [s for s in statements if re.search("|".join(self.event_tables), s)]
         inserts = [s.lstrip().upper() for s in on_events]
-        assert any(s.startswith("INSERT INTO STORED_EVENTS") for s in inserts)
-        assert any(s.startswith("INSERT INTO STORED_SNAPSHOTS") for s in inserts)
+        for table in self.event_tables:
+            assert any(s.startswith(f"INSERT INTO {table.upper()}") for s in inserts), table
         self.assertEqual([s for s in on_events if _MUTATION.search(s)], [])
 
 
+class TestSQLiteEventsourcingLayoutWorld(SQLiteEventsourcingLayoutStorage, TestSQLiteWorld):
+    event_tables = ("stored_events", "stored_snapshots")
+
+
 class TestSQLiteEventRecorder(SQLiteStorage, conformance.EventRecorderTestCase):
+    pass
+
+
+class TestSQLiteEventsourcingLayoutEventRecorder(
+    SQLiteEventsourcingLayoutStorage, conformance.EventRecorderTestCase
+):
+    pass
+
+
+class TestSQLiteEventsourcingLayoutWriteAheadEventRecorder(
+    SQLiteEventsourcingLayoutStorage, conformance.WriteAheadEventRecorderTestCase
+):
     pass
 
 
@@ -252,7 +294,7 @@ class TestSQLiteFactory(persistence.InfrastructureFactoryTestCase[LittleSQLiteFa
         return SQLiteAggregateRecorder
 
     def expected_application_recorder_class(self) -> type[ApplicationRecorder]:
-        return LittleSQLiteApplicationRecorder
+        return CompactSQLiteApplicationRecorder
 
     def expected_tracking_recorder_class(self) -> type[TrackingRecorder]:
         return SQLiteTrackingRecorder

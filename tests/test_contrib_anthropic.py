@@ -347,7 +347,7 @@ async def test_a_workflow_totals_and_prices_the_cache_tokens(
     # stored exactly as before the field existed.
     with sqlite3.connect(tmp_path / "world" / "events.sqlite3") as conn:
         rows = conn.execute(
-            "SELECT state FROM stored_events WHERE topic = 'harness.model.responded'"
+            "SELECT state FROM little_es_rows WHERE topic = 'harness.model.responded'"
         ).fetchall()
     assert ['"cache_write_tokens"' in bytes(r[0]).decode("latin-1") for r in rows] == [
         True,

@@ -398,16 +398,14 @@ def test_little_verify_of_a_fork_finds_an_origin_that_no_longer_holds_what_was_c
     try:
         stream = run_stream_id(ORIGIN).hex
         version = forked.origin.origin_version
-        (state,) = conn.execute(
-            "SELECT state FROM stored_events WHERE originator_id = ? AND originator_version = ?",
+        (rowid, state) = conn.execute(
+            "SELECT notification_id, state FROM little_es_rows"
+            " WHERE originator_id = ? AND originator_version = ?",
             (stream, version),
         ).fetchone()
         # Another row in its place, as a rewrite of the origin's history would leave it.
         changed = bytes(state[:17]) + bytes(16) + bytes(state[33:])
-        conn.execute(
-            "UPDATE stored_events SET state = ? WHERE originator_id = ? AND originator_version = ?",
-            (changed, stream, version),
-        )
+        conn.execute("UPDATE little_es_events SET state = ? WHERE rowid = ?", (changed, rowid))
     finally:
         conn.close()
     with world_spec.open() as again:

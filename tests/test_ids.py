@@ -100,7 +100,7 @@ def test_bad_run_id_is_refused_before_anything_touches_disk(tmp_path: Path, bad:
         assert list((tmp_path / "world" / "leases").iterdir()) == []
     conn = sqlite3.connect(tmp_path / "world" / "events.sqlite3")
     try:
-        assert conn.execute("SELECT count(*) FROM stored_events").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM little_es_events").fetchone() == (0,)
     finally:
         conn.close()
 

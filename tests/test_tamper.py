@@ -59,10 +59,14 @@ class _Db:
         self.spec = spec
         self.pg = spec.backend == "postgres"
         self.my = spec.backend == "mariadb"
-        self.id_column = {"postgres": "notification_id", "mariadb": "id"}.get(spec.backend, "rowid")
+        self.sqlite = not (self.pg or self.my)
+        self.id_column = {"postgres": "notification_id", "mariadb": "id"}.get(
+            spec.backend, "notification_id"
+        )
         self.mark = "%s" if self.pg or self.my else "?"
-        # eventsourcing's names: the server tables are named after the application.
-        self.table = "littlees_events" if self.pg or self.my else "stored_events"
+        # eventsourcing's names on the servers (the tables are named after the application);
+        # on SQLite, the view that spells out the compact layout's stream ids and topics.
+        self.table = "littlees_events" if self.pg or self.my else "little_es_rows"
 
     def _connect(self) -> Any:
         if self.pg:
@@ -93,15 +97,46 @@ class _Db:
         return str(sid) if self.pg else sid.bytes if self.my else sid.hex
 
     def set_state(self, row_id: int, state: bytes) -> None:
-        self.run(f"UPDATE {self.table} SET state = ? WHERE {self.id_column} = ?", state, row_id)
+        if self.sqlite:
+            self.run("UPDATE little_es_events SET state = ? WHERE rowid = ?", state, row_id)
+        else:
+            self.run(f"UPDATE {self.table} SET state = ? WHERE {self.id_column} = ?", state, row_id)
 
     def set_topic(self, row_id: int, topic: str) -> None:
-        self.run(f"UPDATE {self.table} SET topic = ? WHERE {self.id_column} = ?", topic, row_id)
+        if self.sqlite:
+            self.run("INSERT OR IGNORE INTO little_es_topics (topic) VALUES (?)", topic)
+            self.run(
+                "UPDATE little_es_events SET topic ="
+                " (SELECT id FROM little_es_topics WHERE topic = ?) WHERE rowid = ?",
+                topic,
+                row_id,
+            )
+        else:
+            self.run(f"UPDATE {self.table} SET topic = ? WHERE {self.id_column} = ?", topic, row_id)
 
     def delete(self, condition: str, *params: Any) -> None:
-        self.run(f"DELETE FROM {self.table} WHERE {condition}", *params)
+        if self.sqlite:
+            self.run(
+                "DELETE FROM little_es_events WHERE rowid IN"
+                f" (SELECT notification_id FROM little_es_rows WHERE {condition})",
+                *params,
+            )
+        else:
+            self.run(f"DELETE FROM {self.table} WHERE {condition}", *params)
 
     def insert(self, stream: str, version: int, topic: str, state: bytes) -> None:
+        if self.sqlite:
+            self.run("INSERT OR IGNORE INTO little_es_topics (topic) VALUES (?)", topic)
+            self.run(
+                "INSERT INTO little_es_events (stream, version, topic, state) VALUES"
+                " ((SELECT id FROM little_es_streams WHERE stream_id = ?), ?,"
+                " (SELECT id FROM little_es_topics WHERE topic = ?), ?)",
+                stream,
+                version,
+                topic,
+                state,
+            )
+            return
         self.run(
             f"INSERT INTO {self.table} (originator_id, originator_version, topic, state)"
             " VALUES (?, ?, ?, ?)",
@@ -112,26 +147,30 @@ class _Db:
         )
 
     def backup(self) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-        events = self.run(
-            f"SELECT {self.id_column}, originator_id, originator_version, topic, state"
-            f" FROM {self.table}"
-        )
         heads = self.run(f"SELECT stream_id, version, digest, running FROM {HEADS_TABLE}")
-        return events, heads
+        return self.run(f"SELECT {self._columns} FROM {self._events_table}"), heads
+
+    @property
+    def _events_table(self) -> str:
+        return "little_es_events" if self.sqlite else self.table
+
+    @property
+    def _columns(self) -> str:
+        if self.sqlite:
+            return "rowid, stream, version, topic, state"
+        return f"{self.id_column}, originator_id, originator_version, topic, state"
 
     def restore(self, backup: tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]) -> None:
         """Put a backup back: the tables as they were, row ids included."""
         events, heads = backup
         conn = self._connect()
         try:
-            conn.execute(f"DELETE FROM {self.table}")
+            conn.execute(f"DELETE FROM {self._events_table}")
             conn.execute(f"DELETE FROM {HEADS_TABLE}")
-            columns = f"{self.id_column}, originator_id, originator_version, topic, state"
             for row in events:
                 conn.execute(
-                    f"INSERT INTO {self.table} ({columns}) VALUES (?, ?, ?, ?, ?)".replace(
-                        "?", self.mark
-                    ),
+                    f"INSERT INTO {self._events_table} ({self._columns})"
+                    f" VALUES (?, ?, ?, ?, ?)".replace("?", self.mark),
                     row,
                 )
             for row in heads:
@@ -427,7 +466,9 @@ def test_a_run_whose_rows_are_gone_is_not_taken_for_one_that_never_existed(
     conn = sqlite3.connect(data_dir / "events.sqlite3")
     with conn:
         conn.execute(
-            "DELETE FROM stored_events WHERE originator_id = ?", (run_stream_id(_RUN).hex,)
+            "DELETE FROM little_es_events WHERE stream ="
+            " (SELECT id FROM little_es_streams WHERE stream_id = ?)",
+            (run_stream_id(_RUN).hex,),
         )
     conn.close()
     with local_world(data_dir) as world:
@@ -440,7 +481,7 @@ def test_an_emptied_database_is_refused(tmp_path: Path) -> None:
     data_dir = _completed_world(tmp_path)
     conn = sqlite3.connect(data_dir / "events.sqlite3")
     with conn:
-        conn.execute("DELETE FROM stored_events")
+        conn.execute("DELETE FROM little_es_events")
         conn.execute(f"DELETE FROM {HEADS_TABLE}")
     conn.close()
     with pytest.raises(WorldIntegrityError, match="emptied, deleted or replaced"):

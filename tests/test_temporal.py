@@ -447,12 +447,13 @@ def _swap_in_sqlite(world_dir: Path, topic: str, old: bytes, new: bytes) -> None
     """Edit the stored ``topic`` event holding ``old`` in place, as an adversary would."""
     with sqlite3.connect(world_dir / "events.sqlite3") as db:
         rows = db.execute(
-            "SELECT rowid, state FROM stored_events WHERE topic = ? AND instr(state, ?) > 0",
+            "SELECT notification_id, state FROM little_es_rows"
+            " WHERE topic = ? AND instr(state, ?) > 0",
             (topic, old),
         ).fetchall()
         assert len(rows) == 1
         db.execute(
-            "UPDATE stored_events SET state = ? WHERE rowid = ?",
+            "UPDATE little_es_events SET state = ? WHERE rowid = ?",
             (rows[0][1].replace(old, new), rows[0][0]),
         )
 

@@ -527,10 +527,11 @@ def test_a_tampered_source_is_refused_and_nothing_reaches_stdout(
     conn = sqlite3.connect(data_dir / "events.sqlite3")
     with conn:
         rowid, state = conn.execute(
-            "SELECT rowid, state FROM stored_events WHERE topic = 'StepCompleted' LIMIT 1"
+            "SELECT notification_id, state FROM little_es_rows"
+            " WHERE topic = 'StepCompleted' LIMIT 1"
         ).fetchone()
         conn.execute(
-            "UPDATE stored_events SET state = ? WHERE rowid = ?",
+            "UPDATE little_es_events SET state = ? WHERE rowid = ?",
             (bytes(state).replace(b'"p":"', b'"p":"x', 1), rowid),
         )
     conn.close()

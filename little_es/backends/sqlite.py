@@ -39,9 +39,14 @@ from typing import Any, Literal, NamedTuple, cast
 from uuid import UUID
 
 import orjson
-from eventsourcing.persistence import IntegrityError, StoredEvent, Tracking
+from eventsourcing.persistence import (
+    ApplicationRecorder,
+    IntegrityError,
+    Notification,
+    StoredEvent,
+    Tracking,
+)
 from eventsourcing.sqlite import (
-    SQLiteAggregateRecorder,
     SQLiteApplicationRecorder,
     SQLiteConnection,
     SQLiteConnectionPool,
@@ -111,14 +116,9 @@ class SQLiteBackend(Backend):
             name=name,
         )
         recorder = app.recorder
-        assert isinstance(recorder, SQLiteAggregateRecorder)
+        assert isinstance(recorder, LittleSQLiteApplicationRecorder)
         self._datastore = recorder.datastore
-        base = (
-            f"SELECT originator_version, topic, state FROM {recorder.events_table_name}"
-            " WHERE originator_id=? "
-        )
-        self._every = base + "ORDER BY originator_version"
-        self._later = base + "AND originator_version>? ORDER BY originator_version"
+        self._every, self._later = recorder.select_rows_statements
 
     def select_rows(self, stream_id: UUID, after: int | None) -> Sequence[Row]:
         """One stream's rows, read from the recorder's table (see :meth:`Backend.select_rows`)."""
@@ -224,6 +224,18 @@ class _SQLiteConnectionPool(SQLiteConnectionPool):
 
 MARKER_FILE = "world.json"
 _SELECT_HEAD = f"SELECT version, digest, running FROM {HEADS_TABLE} WHERE stream_id=?"
+EVENTS_TABLE = "little_es_events"
+"""The events of a world made by this version (:class:`CompactSQLiteApplicationRecorder`)."""
+STREAMS_TABLE = "little_es_streams"
+"""The stream ids of :data:`EVENTS_TABLE`'s rows, by the integer each row holds."""
+TOPICS_TABLE = "little_es_topics"
+"""The topics of :data:`EVENTS_TABLE`'s rows, by the integer each row holds."""
+ROWS_VIEW = "little_es_rows"
+"""A view of :data:`EVENTS_TABLE` with stream ids and topics spelled out, to read by hand."""
+_CREATE_HEADS = (
+    f"CREATE TABLE IF NOT EXISTS {HEADS_TABLE} (stream_id TEXT PRIMARY KEY,"
+    " version INTEGER NOT NULL, digest BLOB NOT NULL, running BLOB NOT NULL) WITHOUT ROWID"
+)
 _UPSERT_HEAD = (
     f"INSERT INTO {HEADS_TABLE} (stream_id, version, digest, running) VALUES (?, ?, ?, ?)"
     " ON CONFLICT (stream_id) DO UPDATE SET version=excluded.version,"
@@ -299,14 +311,25 @@ class LittleSQLiteApplicationRecorder(SQLiteApplicationRecorder):
     same transaction.
     """
 
+    events_table_default = "stored_events"
+    """eventsourcing's name for the table, which files made before the compact layout hold."""
+
     def construct_create_table_statements(self) -> list[str]:
         """eventsourcing's tables, and the heads table."""
-        return [
-            *super().construct_create_table_statements(),
-            f"CREATE TABLE IF NOT EXISTS {HEADS_TABLE} (stream_id TEXT PRIMARY KEY,"
-            " version INTEGER NOT NULL, digest BLOB NOT NULL, running BLOB NOT NULL)"
-            " WITHOUT ROWID",
-        ]
+        return [*super().construct_create_table_statements(), _CREATE_HEADS]
+
+    @property
+    def select_rows_statements(self) -> tuple[str, str]:
+        """The (version, topic, state) rows of one stream id (hex): all of them, and those
+        after a version (:meth:`SQLiteBackend.select_rows`)."""
+        base = (
+            f"SELECT originator_version, topic, state FROM {self.events_table_name}"
+            " WHERE originator_id=? "
+        )
+        return (
+            base + "ORDER BY originator_version",
+            base + "AND originator_version>? ORDER BY originator_version",
+        )
 
     def _insert_events(
         self,
@@ -365,18 +388,236 @@ class LittleSQLiteApplicationRecorder(SQLiteApplicationRecorder):
             try:
                 # As the connection's transaction() yields it (typed SQLiteCursor there too).
                 with SQLiteTransaction(conn, commit=True) as wrapper, wrapper as cursor:
-                    return self._insert_events(cast(SQLiteCursor, cursor), stored_events, **kwargs)
+                    ids = self._insert_events(cast(SQLiteCursor, cursor), stored_events, **kwargs)
+            except BaseException:
+                self._ended(committed=False)
+                raise
             finally:
                 if relax:
                     conn._sqlite_conn.execute(f"PRAGMA synchronous={pool.synchronous}")
+            self._ended(committed=True)
+            return ids
         finally:
             pool.put_connection(conn)
 
+    def _ended(self, *, committed: bool) -> None:
+        """Called with the writer connection still held, once an insert's transaction has
+        committed or rolled back (:class:`CompactSQLiteApplicationRecorder` keeps the ids it
+        gave then)."""
+
+
+class CompactSQLiteApplicationRecorder(LittleSQLiteApplicationRecorder):
+    """The table layout of a world's events file created by this version of little_es.
+
+    eventsourcing's table repeats the stream id (32 characters of text) and the
+    topic in every row and again in the primary-key index: about 140 of a task
+    step's bytes on disk. Here a row holds small integers instead, each standing
+    for one stream id (``little_es_streams``) or one topic (``little_es_topics``)
+    given on that stream's or topic's first insert and never changed::
+
+        little_es_events (stream INTEGER, version INTEGER, topic INTEGER, state BLOB,
+                          PRIMARY KEY (stream, version))
+
+    The rowid is the notification id, as in eventsourcing's table. Readers join
+    the two small tables, so a row, a notification and a ``StoredEvent`` read back
+    the same as from eventsourcing's recorder; the row's bytes (its chain frame
+    and payload) are the same in either layout. A file made by an earlier version
+    keeps eventsourcing's table (:class:`LittleSQLiteApplicationRecorder`;
+    :class:`LittleSQLiteFactory` picks the class by what the file holds).
+    """
+
+    def __init__(self, datastore: SQLiteDatastore, events_table_name: str = EVENTS_TABLE) -> None:
+        super().__init__(datastore, events_table_name)
+        # The ids committed, and those given in the insert under way: a rolled-back
+        # insert's ids may be given again to other streams by another process.
+        self._stream_keys: dict[str, int] = {}
+        self._topic_keys: dict[str, int] = {}
+        self._new_stream_keys: dict[str, int] = {}
+        self._new_topic_keys: dict[str, int] = {}
+        self.insert_events_statement = (
+            f"INSERT INTO {EVENTS_TABLE} (stream, version, topic, state) VALUES (?,?,?,?)"
+        )
+        self.select_max_notification_id_statement = f"SELECT MAX(rowid) FROM {EVENTS_TABLE}"
+
+    def construct_create_table_statements(self) -> list[str]:
+        """The events, streams, topics and heads tables."""
+        return [
+            f"CREATE TABLE IF NOT EXISTS {STREAMS_TABLE} (id INTEGER PRIMARY KEY,"
+            " stream_id TEXT NOT NULL UNIQUE)",
+            f"CREATE TABLE IF NOT EXISTS {TOPICS_TABLE} (id INTEGER PRIMARY KEY,"
+            " topic TEXT NOT NULL UNIQUE)",
+            f"CREATE TABLE IF NOT EXISTS {EVENTS_TABLE} (stream INTEGER NOT NULL,"
+            " version INTEGER NOT NULL, topic INTEGER NOT NULL, state BLOB NOT NULL,"
+            " PRIMARY KEY (stream, version))",
+            _CREATE_HEADS,
+            # For a person at the sqlite3 prompt: the rows as eventsourcing's table shows them.
+            f"CREATE VIEW IF NOT EXISTS {ROWS_VIEW} AS SELECT e.rowid AS notification_id,"
+            " s.stream_id AS originator_id, e.version AS originator_version, t.topic, e.state"
+            f" FROM {EVENTS_TABLE} e JOIN {STREAMS_TABLE} s ON s.id = e.stream"
+            f" JOIN {TOPICS_TABLE} t ON t.id = e.topic",
+        ]
+
+    @property
+    def select_rows_statements(self) -> tuple[str, str]:
+        """See :attr:`LittleSQLiteApplicationRecorder.select_rows_statements`."""
+        base = (
+            f"SELECT e.version, t.topic, e.state FROM {EVENTS_TABLE} e"
+            f" JOIN {TOPICS_TABLE} t ON t.id = e.topic"
+            f" WHERE e.stream = (SELECT id FROM {STREAMS_TABLE} WHERE stream_id = ?) "
+        )
+        return base + "ORDER BY e.version", base + "AND e.version > ? ORDER BY e.version"
+
+    def _insert_events(
+        self,
+        c: SQLiteCursor,
+        stored_events: Sequence[StoredEvent],
+        *,
+        heads: Mapping[UUID, Head] | None = None,
+        **kwargs: Any,
+    ) -> Sequence[int] | None:
+        ids = []
+        for s in stored_events:
+            sid = s.originator_id
+            c.execute(
+                self.insert_events_statement,
+                (
+                    self._key(c, sid.hex if isinstance(sid, UUID) else sid, stream=True),
+                    s.originator_version,
+                    self._key(c, s.topic, stream=False),
+                    s.state,
+                ),
+            )
+            ids.append(c.lastrowid)
+        if heads:
+            c.executemany(_UPSERT_HEAD, [(sid.hex, *head) for sid, head in heads.items()])
+        return ids
+
+    def _key(self, c: SQLiteCursor, name: str, *, stream: bool) -> int:
+        """The integer that stands for a stream id or a topic, given here if it is new."""
+        keys, new = (
+            (self._stream_keys, self._new_stream_keys)
+            if stream
+            else (self._topic_keys, self._new_topic_keys)
+        )
+        key = keys.get(name)
+        if key is None:
+            key = new.get(name)
+        if key is None:
+            table, column = (STREAMS_TABLE, "stream_id") if stream else (TOPICS_TABLE, "topic")
+            # The INSERT first: it takes the write lock before the SELECT reads, so the
+            # transaction is never a reader that must then upgrade (SQLITE_BUSY in WAL).
+            c.execute(
+                f"INSERT INTO {table} ({column}) VALUES (?) ON CONFLICT ({column}) DO NOTHING"
+                " RETURNING id",
+                (name,),
+            )
+            row = c.fetchone()
+            if row is not None:
+                key = new[name] = row[0]
+            else:  # committed by another process since this one last looked
+                c.execute(f"SELECT id FROM {table} WHERE {column} = ?", (name,))
+                key = keys[name] = c.fetchone()[0]
+        return key
+
+    def _ended(self, *, committed: bool) -> None:
+        if committed:
+            self._stream_keys.update(self._new_stream_keys)
+            self._topic_keys.update(self._new_topic_keys)
+        self._new_stream_keys.clear()
+        self._new_topic_keys.clear()
+
+    def select_events(
+        self,
+        originator_id: UUID | str,
+        *,
+        gt: int | None = None,
+        lte: int | None = None,
+        desc: bool = False,
+        limit: int | None = None,
+    ) -> Sequence[StoredEvent]:
+        """eventsourcing's ``select_events`` on this layout."""
+        statement = (
+            f"SELECT e.version, t.topic, e.state FROM {EVENTS_TABLE} e"
+            f" JOIN {TOPICS_TABLE} t ON t.id = e.topic"
+            f" WHERE e.stream = (SELECT id FROM {STREAMS_TABLE} WHERE stream_id = ?)"
+        )
+        params: list[Any] = [
+            originator_id.hex if isinstance(originator_id, UUID) else originator_id
+        ]
+        if gt is not None:
+            statement += " AND e.version > ?"
+            params.append(gt)
+        if lte is not None:
+            statement += " AND e.version <= ?"
+            params.append(lte)
+        statement += " ORDER BY e.version DESC" if desc else " ORDER BY e.version"
+        if limit is not None:
+            statement += " LIMIT ?"
+            params.append(limit)
+        stream = self.convert_originator_id(params[0])
+        with _refusing_corruption(self._name), self.datastore.transaction(commit=False) as c:
+            c.execute(statement, params)
+            return [
+                StoredEvent(
+                    originator_id=stream,
+                    originator_version=row[0],
+                    topic=row[1],
+                    state=row[2],
+                )
+                for row in c.fetchall()
+            ]
+
+    def select_notifications(
+        self,
+        start: int | None,
+        limit: int,
+        stop: int | None = None,
+        topics: Sequence[str] = (),
+        *,
+        inclusive_of_start: bool = True,
+    ) -> Sequence[Notification]:
+        """eventsourcing's ``select_notifications`` on this layout."""
+        statement = (
+            f"SELECT e.rowid, s.stream_id, e.version, t.topic, e.state FROM {EVENTS_TABLE} e"
+            f" JOIN {STREAMS_TABLE} s ON s.id = e.stream JOIN {TOPICS_TABLE} t ON t.id = e.topic"
+            " WHERE 1"
+        )
+        params: list[Any] = []
+        if start is not None:
+            statement += " AND e.rowid >= ?" if inclusive_of_start else " AND e.rowid > ?"
+            params.append(start)
+        if stop is not None:
+            statement += " AND e.rowid <= ?"
+            params.append(stop)
+        if topics:
+            statement += f" AND t.topic IN ({','.join('?' * len(topics))})"
+            params.extend(topics)
+        statement += " ORDER BY e.rowid LIMIT ?"
+        params.append(limit)
+        with _refusing_corruption(self._name), self.datastore.transaction(commit=False) as c:
+            c.execute(statement, params)
+            return [
+                Notification(
+                    id=row[0],
+                    originator_id=self.convert_originator_id(row[1]),
+                    originator_version=row[2],
+                    topic=row[3],
+                    state=row[4],
+                )
+                for row in c.fetchall()
+            ]
+
 
 class LittleSQLiteFactory(SQLiteFactory):
-    """eventsourcing's SQLite factory, opening connections with the world's ``synchronous``."""
+    """eventsourcing's SQLite factory, opening connections with the world's ``synchronous``.
 
-    application_recorder_class = LittleSQLiteApplicationRecorder
+    Its application recorder is :class:`CompactSQLiteApplicationRecorder`, except
+    on a file that already holds eventsourcing's events table (made by an earlier
+    version of little_es): that one keeps its layout
+    (:class:`LittleSQLiteApplicationRecorder`), since nothing rewrites stored rows.
+    """
+
+    application_recorder_class = CompactSQLiteApplicationRecorder
 
     def __init__(self, env: Environment | EnvType | None) -> None:
         super().__init__(env)
@@ -391,6 +632,23 @@ class LittleSQLiteFactory(SQLiteFactory):
             lock_timeout=old.lock_timeout,
         )
         old.close()
+
+    def application_recorder(self) -> ApplicationRecorder:
+        """The recorder for the layout the file holds (a new file: the compact one)."""
+        if not self.env.get(self.APPLICATION_RECORDER_TOPIC) and self._holds_eventsourcing_table():
+            recorder = LittleSQLiteApplicationRecorder(datastore=self.datastore)
+            if self.env_create_table():
+                recorder.create_table()  # the heads table, on a file from before it
+            return recorder
+        return super().application_recorder()
+
+    def _holds_eventsourcing_table(self) -> bool:
+        with self.datastore.transaction(commit=False) as c:
+            c.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                (LittleSQLiteApplicationRecorder.events_table_default,),
+            )
+            return c.fetchone() is not None
 
 
 # -------------------------------------------------------------------- artifacts

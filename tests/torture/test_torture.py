@@ -336,7 +336,13 @@ async def test_checker_flags_a_run_that_does_not_verify(
     # One payload byte changed behind the library's back, as a damaged disk would.
     stream = run_stream_id("run_verified")
     pg = world_spec.backend == "postgres"
-    table, mark = ("littlees_events", "%s") if pg else ("stored_events", "?")
+    # On SQLite, read through the view that spells out stream ids; edit the row in its table.
+    mark = "%s" if pg else "?"
+    table, edit_table, edit_id = (
+        ("littlees_events", "littlees_events", "notification_id")
+        if pg
+        else ("little_es_rows", "little_es_events", "rowid")
+    )
     where = f"originator_id = {mark} AND originator_version = 2"
     key = stream if pg else stream.hex
     if pg:
@@ -345,10 +351,15 @@ async def test_checker_flags_a_run_that_does_not_verify(
         assert world_spec.data_dir is not None
         conn = sqlite3.connect(world_spec.data_dir / "events.sqlite3", isolation_level=None)
     try:
-        (state,) = conn.execute(f"SELECT state FROM {table} WHERE {where}", (key,)).fetchone()
+        (row_id, state) = conn.execute(
+            f"SELECT notification_id, state FROM {table} WHERE {where}", (key,)
+        ).fetchone()
         edited = bytearray(state)
         edited[-3] ^= 1
-        conn.execute(f"UPDATE {table} SET state = {mark} WHERE {where}", (bytes(edited), key))
+        conn.execute(
+            f"UPDATE {edit_table} SET state = {mark} WHERE {edit_id} = {mark}",
+            (bytes(edited), row_id),
+        )
     finally:
         conn.close()
     found = check_verify(world_factory(), "run_verified")
