@@ -1,7 +1,7 @@
 """What snapshots cost and buy: load time and write overhead per snapshotting interval.
 
-A world snapshots an aggregate when it reaches ``interval`` events, then twice,
-four times as many... (``little_es.world.RUN_SNAPSHOT_INTERVAL``). For each
+A world snapshots an aggregate when it reaches ``interval`` events, then 4, 16...
+times as many (``little_es.world.RUN_SNAPSHOT_INTERVAL``). For each
 backend, stream length N (``--events``) and interval (``--intervals``;
 ``none`` = snapshotting off), in a fresh world:
 

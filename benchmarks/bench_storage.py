@@ -587,7 +587,7 @@ def _table(results: dict[str, dict[str, Any]], batch: int, single: int) -> str:
         ("raw SELECT + orjson.loads", "{raw_eps:,.0f} ev/s"),
         ("read_stream time / raw time", "{ratio:.1f}x"),
         ("events in the stream", "{events:,}"),
-        ("mean stored row (payload + 33 B chain frame)", "{mean_bytes:.0f} B"),
+        ("mean stored row (payload + 21 B chain frame)", "{mean_bytes:.0f} B"),
     ]
     width = max(len(label) for label, _ in lines)
     cols = [[fmt.format(**results[n]) for _, fmt in lines] for n in names]

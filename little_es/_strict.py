@@ -193,7 +193,7 @@ def check_snapshot_payload(model: BaseModel, label: str, data: bytes) -> None:
 
     A snapshot holds a fold of events already checked, nested inside the
     state's own structure: the depth limit of values does not apply to it as a
-    whole, and it is rare (at doubling versions), so it is only validated.
+    whole, and it is rare (at versions growing fourfold), so it is only validated.
     """
     cls = _SnapshotCheck if type(model) is Snapshot else type(model)
     try:

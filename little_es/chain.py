@@ -2,20 +2,26 @@
 
 Each stored row of a stream is framed::
 
-    0x02 | prev (16 bytes) | digest (16 bytes) | payload
+    0x03 | link (4 bytes) | digest (16 bytes) | payload
 
-``digest`` is the SHA-256 of ``prev``, the stream id, the version, the topic
-and the payload bytes as stored, cut to its first 16 bytes; ``prev`` is the
-previous row's digest (:data:`GENESIS` for version 1). So each row carries the
-hash of the one before it and its own, and a single row can be checked on its
-own (:func:`unframe`). Sixteen bytes are as good as thirty-two against what the
-chain is for (an edit must match a digest it cannot choose: 2**128 tries), and a
-task step's two rows are 64 bytes smaller.
+``digest`` is the SHA-256 of ``link``, the stream id, the version, the topic
+and the payload bytes as stored, cut to its first 16 bytes; ``link`` is the
+first 4 bytes of the previous row's digest (of :data:`GENESIS` for version 1).
+So a single row can be checked on its own (:func:`unframe`), and each row names
+the one before it. Sixteen bytes of digest are as good as thirty-two against
+what the chain is for (an edit must match a digest it cannot choose: 2**128
+tries). Four bytes of link are enough to tell that a row does not follow the
+one before it, which an edit, a splice or a partial restore leaves: the
+stream's running digest (below) covers every byte of every row in full, and
+the link is what checks the few rows written after it. A task step's two rows
+carry 42 bytes of chain.
 
-Rows written before (log format 2, :data:`FRAME_TAG_V1`) carry the digests
-whole: ``0x01 | prev (32) | digest (32) | payload``; they read, verify and link
-as they were written, and a stream continues from them in the short frame (the
-first short row's ``prev`` is the long digest before it, cut to 16 bytes).
+Rows framed before carry longer links and digests, and read, verify and link
+as they were written; a stream continues from them in today's frame (a link is
+the previous digest cut to its size, whatever that digest's length):
+
+* log format 3 (:data:`FRAME_TAG_V2`): ``0x02 | prev (16) | digest (16) | payload``;
+* log format 2 (:data:`FRAME_TAG_V1`): ``0x01 | prev (32) | digest (32) | payload``.
 
 A stream read whole is checked in one pass instead (:func:`verify_stream`):
 one SHA-256 over the stream id and every row's topic and stored bytes (frame
@@ -55,20 +61,25 @@ from uuid import UUID
 from little_es.errors import LogTamperedError
 from little_es.events import event_class_for
 
-FRAME_TAG = 0x02
+FRAME_TAG = 0x03
 """The first byte of a row in the frame written today."""
+FRAME_TAG_V2 = 0x02
+"""The first byte of a row framed with a 16-byte ``prev`` (log format 3)."""
 FRAME_TAG_V1 = 0x01
 """The first byte of a row framed with whole digests (log format 2)."""
 DIGEST_SIZE = 16
-"""Bytes of a row's digest, and of its ``prev``."""
+"""Bytes of a row's digest."""
+LINK_SIZE = 4
+"""Bytes of a row's link: the start of the previous row's digest."""
 GENESIS = bytes(32)
-"""The ``prev`` of a stream's first row (cut to :data:`DIGEST_SIZE` in the frame)."""
-FRAME_SIZE = 1 + 2 * DIGEST_SIZE
+"""The digest a stream's first row links to (cut to the link's size in the frame)."""
+FRAME_SIZE = 1 + LINK_SIZE + DIGEST_SIZE
 """Bytes in front of the payload of a row framed today."""
-_FRAME_SIZE_V1 = 65
-_FRAME_SIZES = {FRAME_TAG: FRAME_SIZE, FRAME_TAG_V1: _FRAME_SIZE_V1}
+# Per tag: the bytes of a row's link and of its digest.
+_LAYOUTS = {FRAME_TAG: (LINK_SIZE, DIGEST_SIZE), FRAME_TAG_V2: (16, 16), FRAME_TAG_V1: (32, 32)}
+_FRAME_SIZES = {tag: 1 + link + own for tag, (link, own) in _LAYOUTS.items()}
 _tag = bytes((FRAME_TAG,))
-_tags = frozenset((_tag, bytes((FRAME_TAG_V1,))))
+_tags = frozenset(bytes((tag,)) for tag in _LAYOUTS)
 _sha256 = hashlib.sha256
 _topics: dict[str, bytes] = {}
 
@@ -84,7 +95,7 @@ class Head(NamedTuple):
     version: int
     """The last version written."""
     digest: bytes
-    """The last row's own digest (the next row's ``prev``)."""
+    """The last row's own digest (what the next row links to)."""
     running: bytes
     """The running digest over the whole stream (:func:`seed`, :func:`feed`)."""
 
@@ -92,8 +103,8 @@ class Head(NamedTuple):
 def digest(
     prev: bytes, stream_id: UUID, version: int, topic: str, payload: bytes, size: int = DIGEST_SIZE
 ) -> bytes:
-    """The digest of one row (``size`` bytes; 32 for a row of log format 2): what its
-    successor's ``prev`` holds."""
+    """The digest of one row (``size`` bytes; 32 for a row of log format 2) whose frame
+    records ``prev`` as its link: what its successor links to."""
     h = _sha256(prev)
     h.update(stream_id.bytes)
     h.update(version.to_bytes(8, "big"))
@@ -104,9 +115,10 @@ def digest(
 
 
 def frame(prev: bytes, stream_id: UUID, version: int, topic: str, payload: bytes) -> bytes:
-    """The stored bytes of a row: its frame, then ``payload``."""
-    prev = prev[:DIGEST_SIZE]
-    return b"".join((_tag, prev, digest(prev, stream_id, version, topic, payload), payload))
+    """The stored bytes of a row that follows the row whose digest is ``prev``: its frame,
+    then ``payload``."""
+    link = prev[:LINK_SIZE]
+    return b"".join((_tag, link, digest(link, stream_id, version, topic, payload), payload))
 
 
 def frame_size(data: bytes) -> int:
@@ -121,9 +133,9 @@ def is_framed(data: bytes) -> bool:
 
 
 def _split(data: bytes, size: int) -> tuple[bytes, bytes, bytes]:
-    """(prev, digest, payload) of a row framed in ``size`` bytes."""
-    half = (size - 1) // 2
-    return bytes(data[1 : 1 + half]), bytes(data[1 + half : size]), data[size:]
+    """(link, digest, payload) of a row framed in ``size`` bytes."""
+    link = _LAYOUTS[data[0]][0]
+    return bytes(data[1 : 1 + link]), bytes(data[1 + link : size]), data[size:]
 
 
 def row_digest(data: bytes) -> bytes:
@@ -132,13 +144,13 @@ def row_digest(data: bytes) -> bytes:
 
 
 def row_prev(data: bytes) -> bytes:
-    """The ``prev`` a framed row (or snapshot) records: the digest it stands on."""
+    """The link a framed row (or snapshot) records: the start of the digest it stands on."""
     return _split(data, frame_size(data))[0]
 
 
 def links(prev: bytes, recorded: bytes) -> bool:
-    """Whether a row whose frame records ``recorded`` as its ``prev`` follows the row
-    whose digest is ``prev`` (a short frame records a long digest cut to its size)."""
+    """Whether a row whose frame records ``recorded`` as its link follows the row whose
+    digest is ``prev`` (a frame records the digest cut to its link's size)."""
     return prev[: len(recorded)] == recorded
 
 
@@ -198,7 +210,7 @@ class Verified(NamedTuple):
     rows: Sequence[Row]
     """The rows as stored, frames included (:func:`payload_of` gives a row's payload)."""
     digest: bytes
-    """The last row's own digest (:data:`GENESIS` for no rows): the next row's ``prev``."""
+    """The last row's own digest (:data:`GENESIS` for no rows): what the next row links to."""
     running: Running
     """The running digest after the last row, for the next append to continue."""
 
@@ -290,8 +302,8 @@ def check_rows(stream_id: UUID, rows: Sequence[Row], *, prev: bytes = GENESIS) -
         if not links(prev, recorded_prev):
             raise LogTamperedError(
                 f"{_where(stream_id, version, topic)}: the row does not follow version"
-                f" {version - 1} (its recorded previous digest differs); a row was replaced,"
-                " inserted or moved"
+                f" {version - 1} (its link to the previous row's digest differs); a row was"
+                " replaced, inserted or moved"
             )
         prev = digest(recorded_prev, stream_id, version, topic, payload, len(recorded))
         if prev != recorded:

@@ -554,6 +554,9 @@ LOG_FORMAT_CHAINED: Final = 2
 LOG_FORMAT_COMPACT: Final = 3
 """A world created by code that writes the short chain frame and wire keys; it reads and
 continues rows of format 2 as they are (:mod:`little_es.chain`, :mod:`little_es.codec`)."""
+LOG_FORMAT_LINKED: Final = 4
+"""A world created by code that writes the 21-byte chain frame (a 4-byte link to the row
+before); it reads and continues rows of formats 2 and 3 as they are (:mod:`little_es.chain`)."""
 
 
 class WorldCreated(WorldEvent):
@@ -567,7 +570,7 @@ class WorldCreated(WorldEvent):
     wire_name: ClassVar[str] = "little_es.world.created"
 
     world_id: str = Field(pattern=r"^[0-9a-f]{32}$")
-    log_format: Literal[1, 2, 3]
+    log_format: Literal[1, 2, 3, 4]
 
 
 class OuterLoopEvent(Event):

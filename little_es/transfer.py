@@ -5,12 +5,12 @@ The stream (format :data:`FORMAT`, version :data:`FORMAT_VERSION`) is one JSON o
 per line, in this order::
 
     {"type": "header", "format": "little_es.world-export", "format_version": 1,
-     "world_id": "…", "log_format": 3, "source": "sqlite:///…", "exported_at": "…",
+     "world_id": "…", "log_format": 4, "source": "sqlite:///…", "exported_at": "…",
      "counts": {"streams": S, "events": E, "snapshots": N, "artifacts": A}}
     {"type": "stream", "stream_id": "…", "kind": "run", "name": "run_x", "version": 12,
      "head": {"version": 12, "digest": "<hex>", "running": "<hex>"}}            S lines
     {"type": "event", "stream_id": "…", "version": 1, "topic": "RunStarted",
-     "frame": "<hex of the chain frame (33 bytes; 65 in log format 2), or null>",
+     "frame": "<hex of the chain frame (21 bytes; 33 in log format 3, 65 in 2), or null>",
      "payload": "<the JSON as stored>"}
                                                             E lines, in the world's log order
     {"type": "snapshot", …the fields of an event…}                                 N lines
@@ -79,7 +79,7 @@ from little_es.errors import (
     LogTamperedError,
 )
 from little_es.events import (
-    LOG_FORMAT_COMPACT,
+    LOG_FORMAT_LINKED,
     Event,
     ModelPriceSet,
     OuterLoopStarted,
@@ -270,7 +270,7 @@ def export_world(
     streams: list[dict[str, Any]] = []
     refs: dict[str, ArtifactRef] = {}
     snapshots: list[dict[str, Any]] = []
-    world_id, log_format = None, LOG_FORMAT_COMPACT
+    world_id, log_format = None, LOG_FORMAT_LINKED
     total = len(versions)
     for done, (stream_id, upto) in enumerate(versions.items()):
         tell("checking streams", done, total)
@@ -417,7 +417,7 @@ def _frame_of(value: object, line_no: int) -> bytes:
     except ValueError:
         data = b""
     if not data or frame_size(data) != len(data):
-        raise _fail(line_no, "frame is not a chain frame in hex (33 or 65 bytes)")
+        raise _fail(line_no, "frame is not a chain frame in hex (21, 33 or 65 bytes)")
     return data
 
 
@@ -542,7 +542,7 @@ def _check_header(obj: dict[str, Any]) -> None:
             f" {FORMAT_VERSION}: import it with the little_es that exported it, or export"
             " the world again with this one (nothing was imported)"
         )
-    if obj.get("log_format") not in (1, 2, 3) or not isinstance(obj.get("counts"), dict):
+    if obj.get("log_format") not in (1, 2, 3, 4) or not isinstance(obj.get("counts"), dict):
         raise _fail(1, "a header without log_format and counts")
 
 

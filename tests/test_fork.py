@@ -18,6 +18,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from little_es.chain import DIGEST_SIZE, FRAME_SIZE, LINK_SIZE
 from little_es.cli import app
 from little_es.diff import diff_runs
 from little_es.durability import cancel_run
@@ -403,8 +404,9 @@ def test_little_verify_of_a_fork_finds_an_origin_that_no_longer_holds_what_was_c
             " WHERE originator_id = ? AND originator_version = ?",
             (stream, version),
         ).fetchone()
-        # Another row in its place, as a rewrite of the origin's history would leave it.
-        changed = bytes(state[:17]) + bytes(16) + bytes(state[33:])
+        # Another row in its place, as a rewrite of the origin's history would leave it:
+        # its digest zeroed.
+        changed = bytes(state[: 1 + LINK_SIZE]) + bytes(DIGEST_SIZE) + bytes(state[FRAME_SIZE:])
         conn.execute("UPDATE little_es_events SET state = ? WHERE rowid = ?", (changed, rowid))
     finally:
         conn.close()

@@ -120,10 +120,10 @@ async def test_a_verbose_log_resumes_without_running_anything_committed(
     report = verify_world(world)
     world.close()
     assert report.ok, report
-    # What was appended is in today's form: the short frame, wire keys, no field at its
+    # What was appended is in today's form: the 21-byte frame, wire keys, no field at its
     # default on the wire.
     newest = _payloads(world_dir, "StepCompleted")[-1]
-    assert newest[:1] == b"\x02"
+    assert newest[:1] == b"\x03"
     assert b"null" not in newest and b"artifact_refs" not in newest
     assert b'"p":"finish"' in newest and b"step_path" not in newest
 

@@ -45,7 +45,7 @@ from little_es import (
     export_world,
     import_world,
 )
-from little_es.chain import FRAME_SIZE, GENESIS, feed, frame, row_digest, seed
+from little_es.chain import FRAME_SIZE, GENESIS, LINK_SIZE, feed, frame, row_digest, seed
 from little_es.domain import Run
 from little_es.engine.local import run_workflow
 from little_es.events import StepCompleted, StepFailed, StepStarted
@@ -564,7 +564,8 @@ def test_snapshots_travel_and_stand_on_their_events(
         assert target.load_run("run_long").version == before.state.event_count
     # A snapshot that does not stand on the event of its version is refused.
     snapshot = next(line for line in lines if line["type"] == "snapshot")
-    snapshot["frame"] = "02" + "00" * 16 + snapshot["frame"][34:]
+    link_end = 2 + 2 * LINK_SIZE
+    snapshot["frame"] = snapshot["frame"][:2] + "00" * LINK_SIZE + snapshot["frame"][link_end:]
     with local_world(tmp_path / "c") as target:
         with pytest.raises(LogTamperedError, match="snapshot"):
             import_world(target, io.BytesIO(_join(lines)))

@@ -4,7 +4,7 @@ A backend (:mod:`little_es.backends`) passes these cases:
 
 * :class:`BackendTestCase` - the World on it: events round trip with their
   types, a run's log merges its sessions, concurrency conflicts write nothing,
-  snapshots at doubling versions, artifacts verified on read, leases (and
+  snapshots at versions growing fourfold, artifacts verified on read, leases (and
   their checks once broken), bad run
   ids refused, durability across close and reopen, insert-only storage;
 * eventsourcing's own recorder cases (:mod:`eventsourcing.tests.persistence`)
@@ -300,9 +300,9 @@ async def _check_in_task() -> str:
     return "held"
 
 
-def _doublings(saved_versions: list[int], interval: int) -> list[int]:
-    """The versions of the saves (after the first) that reached ``interval * 2**k`` events."""
-    marks = [interval << k for k in range(32)]
+def _marks_reached(saved_versions: list[int], interval: int) -> list[int]:
+    """The versions of the saves (after the first) that reached ``interval * 4**k`` events."""
+    marks = [interval << 2 * k for k in range(16)]
     return [v for before, v in pairwise(saved_versions) if any(before < m <= v for m in marks)]
 
 
@@ -709,14 +709,16 @@ class BackendTestCase(WorldTestCase):
         self.assertGreater(len(session_events), 3 * session_interval)
         run_snaps = self._snapshot_versions(world, run.id)
         session_snaps = self._snapshot_versions(world, session.id)
-        # One at each save that reached interval * 2**k events, at the version saved.
-        self.assertEqual(run_snaps, _doublings([1, *saved_at[run.id]], run_interval))
+        # One at each save that reached interval * 4**k events, at the version saved.
+        self.assertEqual(run_snaps, _marks_reached([1, *saved_at[run.id]], run_interval))
         self.assertEqual(run_snaps, [len(run_events)])
-        self.assertEqual(session_snaps, _doublings([0, *saved_at[session.id]], session_interval))
-        self.assertEqual(session_snaps, [5, 10, 20])
-        # A load decodes at most the later half of the stream, after its snapshot (it
-        # reads and verifies the whole stream's rows).
-        self.assertGreaterEqual(session_snaps[-1], len(session_events) / 2)
+        self.assertEqual(
+            session_snaps, _marks_reached([0, *saved_at[session.id]], session_interval)
+        )
+        self.assertEqual(session_snaps, [5, 20])
+        # A load decodes at most the last three quarters of the stream, after its snapshot
+        # (it reads and verifies the whole stream's rows).
+        self.assertGreaterEqual(session_snaps[-1], len(session_events) / 4)
 
         decoded = self._spy_decodes(world)
         loaded_run = world.load_run("run_snap")
@@ -760,14 +762,14 @@ class BackendTestCase(WorldTestCase):
             _session_view(HarnessSession.from_events(session.id, world.read_stream(session.id))),
         )
 
-    def test_batch_save_reaching_several_doublings_snapshots_once_at_its_version(self) -> None:
+    def test_batch_save_reaching_several_marks_snapshots_once_at_its_version(self) -> None:
         self.enterContext(small_snapshot_intervals())
         world = self.open_world()
         run = _start_run("run_batch")
-        _task_steps(run, 6)
+        _task_steps(run, 9)
         world.save(run)
         count = len(world.read_stream(run.id))
-        self.assertGreater(count, 2 * 4)
+        self.assertGreater(count, 4 * 4)
         self.assertEqual(self._snapshot_versions(world, run.id), [count])
         self.assertEqual(world.load_run("run_batch").fold.freeze(), run.fold.freeze())
 
