@@ -224,6 +224,8 @@ class _SQLiteConnectionPool(SQLiteConnectionPool):
 
 MARKER_FILE = "world.json"
 _SELECT_HEAD = f"SELECT version, digest, running FROM {HEADS_TABLE} WHERE stream_id=?"
+EVENTSOURCING_EVENTS_TABLE = "stored_events"
+"""eventsourcing's events table, which files made before the compact layout hold."""
 EVENTS_TABLE = "little_es_events"
 """The events of a world made by this version (:class:`CompactSQLiteApplicationRecorder`)."""
 STREAMS_TABLE = "little_es_streams"
@@ -310,9 +312,6 @@ class LittleSQLiteApplicationRecorder(SQLiteApplicationRecorder):
     Every insert also moves the heads of its streams (``HEADS_TABLE``), in the
     same transaction.
     """
-
-    events_table_default = "stored_events"
-    """eventsourcing's name for the table, which files made before the compact layout hold."""
 
     def construct_create_table_statements(self) -> list[str]:
         """eventsourcing's tables, and the heads table."""
@@ -646,7 +645,7 @@ class LittleSQLiteFactory(SQLiteFactory):
         with self.datastore.transaction(commit=False) as c:
             c.execute(
                 "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
-                (LittleSQLiteApplicationRecorder.events_table_default,),
+                (EVENTSOURCING_EVENTS_TABLE,),
             )
             return c.fetchone() is not None
 
