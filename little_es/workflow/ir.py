@@ -253,6 +253,13 @@ class StepIR(_Frozen):
 prepare_compact(StepIR)
 
 
+def _ordinary(step: StepIR) -> StepIR:
+    values = {name: getattr(step, name) for name in StepIR.model_fields}
+    if step.branch_step is not None:
+        values["branch_step"] = _ordinary(step.branch_step)
+    return StepIR.model_construct(step.model_fields_set, **values)
+
+
 class WorkflowIR(_Frozen):
     """A whole workflow definition as data; ``ir_hash`` is what ``RunStarted`` records."""
 
@@ -272,7 +279,14 @@ class WorkflowIR(_Frozen):
 
     def canonical_json(self) -> bytes:
         """The bytes the hash is taken of: sorted-key JSON of the dump without defaults."""
-        return canonical_json(self.model_dump(mode="json", exclude_defaults=True))
+        dump = self.model_dump(mode="json", exclude={"steps"}, exclude_defaults=True)
+        # The steps are dumped from ordinary copies: pydantic reads a model's __dict__,
+        # and reading it on a compact StepIR (see _step_ir) gives the step a dict of
+        # its own, kept as long as the workflow (64 bytes a step). Same bytes.
+        dump["steps"] = [
+            _ordinary(step).model_dump(mode="json", exclude_defaults=True) for step in self.steps
+        ]
+        return canonical_json(dump)
 
     @property
     def ir_hash(self) -> str:
