@@ -10,6 +10,7 @@ pydantic serialisation keep working, while every mutation raises ``TypeError``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from sys import intern
 from typing import Any, NoReturn, SupportsIndex, TypeVar
 
 _K = TypeVar("_K")
@@ -32,6 +33,10 @@ class FrozenDict(dict[_K, _V]):
         super().__init__()
         source = dict(*args, **kwargs)
         for key, value in source.items():
+            # Keys interned: the outputs of a long run repeat the same few keys step after
+            # step, and each decoded output has its own copy of every one of them.
+            if type(key) is str:
+                key = intern(key)
             dict.__setitem__(self, key, freeze(value))
 
     def __setitem__(self, key: _K, value: _V) -> NoReturn:
