@@ -21,6 +21,7 @@ from uuid import UUID
 
 from pydantic import ValidationError
 
+from little_es._compact import ordinary_copy
 from little_es._strict import refuse_unvalidated
 from little_es.chain import GENESIS, seed
 from little_es.errors import EventPayloadError, LogTamperedError
@@ -68,6 +69,9 @@ E = TypeVar("E", bound=Event)
 _GAVE_UP_KEY = "gave_up_attempts"
 # Not one either: where in the stream each step's output is (a snapshot does not copy them).
 _OUTPUTS_AT_KEY = "outputs_at"
+# Sets, not frozensets: pydantic's ``exclude`` is typed as set or mapping.
+_STEPS: set[str] = {"steps"}
+_OUTPUT: set[str] = {"output"}
 
 
 class Aggregate:
@@ -274,16 +278,29 @@ class Run(Aggregate):
         first visit), and :meth:`restore` validates them back in.
         """
         outputs_at = self.fold.output_versions()
-        # Left out as the state is dumped: a long run's outputs are most of it, and a
-        # dump that held them would need them all in memory once more.
-        exclude: dict[str, Any] = {
-            "steps": (
-                {"__all__": {"output"}}
-                if all(s.output is None or p in outputs_at for p, s in self.fold.steps.items())
-                else {path: {"output"} for path in outputs_at}
+        frozen = self.fold.freeze()
+        dumped = frozen.model_dump(mode="json", exclude_defaults=True, exclude=_STEPS)
+        # Each step is dumped from an ordinary copy (little_es._compact): dumped itself,
+        # each compact StepState of the run's result would keep 64 bytes more. Left
+        # out: the outputs outputs_at
+        # names (a long run's outputs are most of it, and a dump that held them would
+        # need them all in memory once more).
+        steps = {
+            path: ordinary_copy(step).model_dump(
+                mode="json",
+                exclude_defaults=True,
+                exclude=_OUTPUT if path in outputs_at else None,
             )
+            for path, step in frozen.steps.items()
         }
-        state = self.fold.freeze().model_dump(mode="json", exclude_defaults=True, exclude=exclude)
+        # In the order a dump of the whole state gives: the stored bytes are as before.
+        state: dict[str, Any] = {}
+        for name in MaterializedRunState.model_fields:
+            if name == "steps":
+                if steps:
+                    state[name] = steps
+            elif name in dumped:
+                state[name] = dumped[name]
         state[_GAVE_UP_KEY] = self.fold.gave_up_attempts()
         state[_OUTPUTS_AT_KEY] = outputs_at
         return state

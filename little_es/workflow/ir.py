@@ -22,7 +22,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from little_es._compact import prepare_compact
+from little_es._compact import ordinary_copy, prepare_compact
 from little_es.workflow.paths import STEP_ID_PATTERN
 
 __all__ = [
@@ -254,10 +254,10 @@ prepare_compact(StepIR)
 
 
 def _ordinary(step: StepIR) -> StepIR:
-    values = {name: getattr(step, name) for name in StepIR.model_fields}
+    copy = ordinary_copy(step)
     if step.branch_step is not None:
-        values["branch_step"] = _ordinary(step.branch_step)
-    return StepIR.model_construct(step.model_fields_set, **values)
+        copy.__dict__["branch_step"] = _ordinary(step.branch_step)
+    return copy
 
 
 class WorkflowIR(_Frozen):
@@ -280,9 +280,9 @@ class WorkflowIR(_Frozen):
     def canonical_json(self) -> bytes:
         """The bytes the hash is taken of: sorted-key JSON of the dump without defaults."""
         dump = self.model_dump(mode="json", exclude={"steps"}, exclude_defaults=True)
-        # The steps are dumped from ordinary copies: pydantic reads a model's __dict__,
-        # and reading it on a compact StepIR (see _step_ir) gives the step a dict of
-        # its own, kept as long as the workflow (64 bytes a step). Same bytes.
+        # The steps are dumped from ordinary copies (little_es._compact): dumped
+        # themselves, the compact steps would keep 64 bytes each for as long as the
+        # workflow. Same bytes.
         dump["steps"] = [
             _ordinary(step).model_dump(mode="json", exclude_defaults=True) for step in self.steps
         ]
