@@ -54,12 +54,19 @@ def construct_compact(cls: type[M], fields_set: set[str], values: dict[str, Any]
     return made
 
 
+def construct_ordinary(cls: type[M], fields_set: set[str], values: dict[str, Any]) -> M:
+    """An ordinary instance of ``cls`` (with a ``__dict__`` of its own) holding ``values``,
+    trusted as in :func:`construct_compact`; ``values`` becomes its ``__dict__``."""
+    made = cls.__new__(cls)
+    _setattr(made, "__dict__", values)
+    _setattr(made, "__pydantic_fields_set__", fields_set)
+    _setattr(made, "__pydantic_extra__", None)
+    _setattr(made, "__pydantic_private__", None)
+    return made
+
+
 def ordinary_copy(made: M) -> M:
-    """An ordinary instance (with a ``__dict__`` of its own) equal to ``made``, to dump."""
+    """An ordinary instance equal to ``made``, to dump."""
     cls = type(made)
-    copy = cls.__new__(cls)
-    _setattr(copy, "__dict__", {name: getattr(made, name) for name in cls.__pydantic_fields__})
-    _setattr(copy, "__pydantic_fields_set__", made.__pydantic_fields_set__)
-    _setattr(copy, "__pydantic_extra__", None)
-    _setattr(copy, "__pydantic_private__", None)
-    return copy
+    values = {name: getattr(made, name) for name in cls.__pydantic_fields__}
+    return construct_ordinary(cls, made.__pydantic_fields_set__, values)

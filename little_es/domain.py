@@ -21,7 +21,6 @@ from uuid import UUID
 
 from pydantic import ValidationError
 
-from little_es._compact import ordinary_copy
 from little_es._strict import refuse_unvalidated
 from little_es.chain import GENESIS, seed
 from little_es.errors import EventPayloadError, LogTamperedError
@@ -69,8 +68,7 @@ E = TypeVar("E", bound=Event)
 _GAVE_UP_KEY = "gave_up_attempts"
 # Not one either: where in the stream each step's output is (a snapshot does not copy them).
 _OUTPUTS_AT_KEY = "outputs_at"
-# Sets, not frozensets: pydantic's ``exclude`` is typed as set or mapping.
-_STEPS: set[str] = {"steps"}
+# A set, not a frozenset: pydantic's ``exclude`` is typed as set or mapping.
 _OUTPUT: set[str] = {"output"}
 
 
@@ -278,20 +276,20 @@ class Run(Aggregate):
         first visit), and :meth:`restore` validates them back in.
         """
         outputs_at = self.fold.output_versions()
-        frozen = self.fold.freeze()
-        dumped = frozen.model_dump(mode="json", exclude_defaults=True, exclude=_STEPS)
-        # Each step is dumped from an ordinary copy (little_es._compact): dumped itself,
-        # each compact StepState of the run's result would keep 64 bytes more. Left
-        # out: the outputs outputs_at
-        # names (a long run's outputs are most of it, and a dump that held them would
-        # need them all in memory once more).
+        dumped = self.fold.freeze(steps=False).model_dump(mode="json", exclude_defaults=True)
+        # Each step is dumped from an ordinary StepState made for it (little_es._compact),
+        # not from the steps' frozen views: dumped, each view would get a dict (64 bytes,
+        # kept with the run's result), and a run nobody asks for its state until it ends
+        # has no views to keep while it runs. Left out: the outputs outputs_at names (a
+        # long run's outputs are most of it, and a dump that held them would need them
+        # all in memory once more).
         steps = {
-            path: ordinary_copy(step).model_dump(
+            path: step.dumpable().model_dump(
                 mode="json",
                 exclude_defaults=True,
                 exclude=_OUTPUT if path in outputs_at else None,
             )
-            for path, step in frozen.steps.items()
+            for path, step in self.fold.steps.items()
         }
         # In the order a dump of the whole state gives: the stored bytes are as before.
         state: dict[str, Any] = {}
