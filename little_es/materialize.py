@@ -551,7 +551,7 @@ class RunFold:
             forked_from=self.forked_from,
             steps=_frozen_steps(self.steps) if steps else FrozenDict(),
             waits=_frozen_waits(self.waits),
-            visits=FrozenDict(self.visits),
+            visits=_frozen_visits(self.visits),
             parallel_groups=FrozenDict(self.parallel_groups),
             pending_decision_target=self.pending_decision_target,
             sub_run_ids=tuple(self.sub_run_ids),
@@ -575,6 +575,12 @@ need not decode (see ``skipped`` in :func:`materialize_run_state`).
 def _frozen_waits(waits: dict[str, WaitState]) -> FrozenDict[str, WaitState]:
     view: FrozenDict[str, WaitState] = FrozenDict()
     dict.update(view, waits)  # WaitStates are frozen already
+    return view
+
+
+def _frozen_visits(visits: dict[str, int]) -> FrozenDict[str, int]:
+    view: FrozenDict[str, int] = FrozenDict()
+    dict.update(view, visits)  # ints: nothing to freeze, and one entry per step of a long run
     return view
 
 
