@@ -251,10 +251,13 @@ def _main(args: argparse.Namespace, figures: Figures) -> None:
         allowed = 3 * mem["output_bytes"] + 300 * n
         print(
             f"N={n:,}: definition {mem['definition'] / mb:.1f} MB"
-            f" ({mem['definition'] / n:,.0f} B/step), RunResult {mem['result'] / mb:.1f} MB,"
-            f" retained after dropping it {mem['retained'] / mb:.1f} MB, replay_run result"
-            f" {mem['replay'] / mb:.1f} MB ({mem['replay'] / n:,.0f} B/step; target"
-            f" {allowed / mb:.1f} MB), peak RSS of define+run+result {rss['peak_rss'] / mb:.0f} MB"
+            f" ({mem['definition'] / n:,.0f} B/step), RunResult {mem['result'] / mb:.1f} MB"
+            f" ({mem['result'] / n:,.0f} B/step), retained after dropping it"
+            f" {mem['retained'] / 1024:,.0f} KB, replay_run result {mem['replay'] / mb:.1f} MB"
+            f" ({mem['replay'] / n:,.0f} B/step; target {allowed / n:,.0f} B/step ="
+            f" 3 x {mem['output_bytes'] / n:,.0f} B of stored output + 300; x"
+            f"{mem['replay'] / allowed:.2f}), peak RSS of define+run+result"
+            f" {rss['peak_rss'] / mb:.0f} MB"
         )
         figures.add(f"workflow definition of {n:,} steps, per step", mem["definition"] / n, "B")
         figures.add(f"finished RunResult of {n:,} steps, per step", mem["result"] / n, "B")

@@ -12,6 +12,11 @@ the interpreter does not split them, they are as large as before, never larger.
 The class learns its keys from the first instances it sees, and stops learning
 after a few dozen instances were made without: :func:`prepare_compact` must run right
 after the class is defined, before any instance is made.
+
+pydantic dumps, copies and compares a model through its ``__dict__``, and asking a
+compact instance for it gives the instance a dict of its own (64 bytes), kept as
+long as the instance: :func:`ordinary_copy` is what to dump instead where a long
+run's many instances are dumped (snapshots, the workflow's hash).
 """
 
 from __future__ import annotations
@@ -47,3 +52,21 @@ def construct_compact(cls: type[M], fields_set: set[str], values: dict[str, Any]
     _setattr(made, "__pydantic_extra__", None)
     _setattr(made, "__pydantic_private__", None)
     return made
+
+
+def construct_ordinary(cls: type[M], fields_set: set[str], values: dict[str, Any]) -> M:
+    """An ordinary instance of ``cls`` (with a ``__dict__`` of its own) holding ``values``,
+    trusted as in :func:`construct_compact`; ``values`` becomes its ``__dict__``."""
+    made = cls.__new__(cls)
+    _setattr(made, "__dict__", values)
+    _setattr(made, "__pydantic_fields_set__", fields_set)
+    _setattr(made, "__pydantic_extra__", None)
+    _setattr(made, "__pydantic_private__", None)
+    return made
+
+
+def ordinary_copy(made: M) -> M:
+    """An ordinary instance equal to ``made``, to dump."""
+    cls = type(made)
+    values = {name: getattr(made, name) for name in cls.__pydantic_fields__}
+    return construct_ordinary(cls, made.__pydantic_fields_set__, values)

@@ -23,6 +23,27 @@ def _read_only(name: str) -> NoReturn:
     )
 
 
+# The outputs of a long run repeat the same few keys step after step, and each decoded
+# output has its own copy of every one of them: frozen mappings share one. Not
+# sys.intern: its table never shrinks, and a mapping keyed by ids would leave it as
+# large as the most such keys ever alive. Emptied when full, so it keeps up with the
+# keys in use and holds a few tens of KB at most.
+_SHARED_KEYS: dict[str, str] = {}
+_SHARED_KEYS_MAX = 1024
+_SHARED_KEY_MAX_LEN = 40
+
+
+def _shared_key(key: str) -> str:
+    found = _SHARED_KEYS.get(key)
+    if found is not None:
+        return found
+    if len(key) <= _SHARED_KEY_MAX_LEN:
+        if len(_SHARED_KEYS) >= _SHARED_KEYS_MAX:
+            _SHARED_KEYS.clear()
+        _SHARED_KEYS[key] = key
+    return key
+
+
 class FrozenDict(dict[_K, _V]):
     """A ``dict`` that refuses changes; its values are frozen with :func:`freeze`."""
 
@@ -32,6 +53,8 @@ class FrozenDict(dict[_K, _V]):
         super().__init__()
         source = dict(*args, **kwargs)
         for key, value in source.items():
+            if type(key) is str:
+                key = _shared_key(key)
             dict.__setitem__(self, key, freeze(value))
 
     def __setitem__(self, key: _K, value: _V) -> NoReturn:

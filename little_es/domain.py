@@ -68,6 +68,8 @@ E = TypeVar("E", bound=Event)
 _GAVE_UP_KEY = "gave_up_attempts"
 # Not one either: where in the stream each step's output is (a snapshot does not copy them).
 _OUTPUTS_AT_KEY = "outputs_at"
+# A set, not a frozenset: pydantic's ``exclude`` is typed as set or mapping.
+_OUTPUT: set[str] = {"output"}
 
 
 class Aggregate:
@@ -275,22 +277,32 @@ class Run(Aggregate):
         path (its key) and its id where it is the path.
         """
         outputs_at = self.fold.output_versions()
-        # Left out as the state is dumped: a long run's outputs are most of it, and a
-        # dump that held them would need them all in memory once more.
-        exclude: dict[str, Any] = {
-            "steps": (
-                {"__all__": {"output"}}
-                if all(s.output is None or p in outputs_at for p, s in self.fold.steps.items())
-                else {path: {"output"} for path in outputs_at}
+        dumped = self.fold.freeze(steps=False).model_dump(mode="json", exclude_defaults=True)
+        # Each step is dumped from an ordinary StepState made for it (little_es._compact),
+        # not from the steps' frozen views: dumped, each view would get a dict (64 bytes,
+        # kept with the run's result), and a run nobody asks for its state until it ends
+        # has no views to keep while it runs. Left out: the outputs outputs_at names (a
+        # long run's outputs are most of it, and a dump that held them would need them
+        # all in memory once more).
+        steps = {
+            path: _without_path(
+                path,
+                step.dumpable().model_dump(
+                    mode="json",
+                    exclude_defaults=True,
+                    exclude=_OUTPUT if path in outputs_at else None,
+                ),
             )
+            for path, step in self.fold.steps.items()
         }
-        state = self.fold.freeze().model_dump(mode="json", exclude_defaults=True, exclude=exclude)
-        # A step's path is its key, and most steps' id is their path: a third of the
-        # compressed snapshot, given back by restore.
-        for path, step in state["steps"].items():
-            del step["step_path"]
-            if step["step_id"] == path:
-                del step["step_id"]
+        # In the order a dump of the whole state gives: the stored bytes are as before.
+        state: dict[str, Any] = {}
+        for name in MaterializedRunState.model_fields:
+            if name == "steps":
+                if steps:
+                    state[name] = steps
+            elif name in dumped:
+                state[name] = dumped[name]
         state[_GAVE_UP_KEY] = self.fold.gave_up_attempts()
         state[_OUTPUTS_AT_KEY] = outputs_at
         return state
@@ -336,6 +348,15 @@ class Run(Aggregate):
                 )
             self.fold.set_output(path, event.output, event.originator_version)
         self._outputs_at = {}
+
+
+def _without_path(path: str, step: dict[str, Any]) -> dict[str, Any]:
+    """A step's dumped state without its path (its key in the snapshot) and without its id
+    where that is the path: a third of a compressed snapshot, given back by restore."""
+    del step["step_path"]
+    if step["step_id"] == path:
+        del step["step_id"]
+    return step
 
 
 class HarnessSession(Aggregate):

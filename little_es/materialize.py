@@ -34,12 +34,17 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import ROUND_HALF_EVEN, Decimal
-from typing import Literal
+from typing import Any, Literal
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict
 
-from little_es._compact import construct_compact, prepare_compact
+from little_es._compact import (
+    construct_compact,
+    construct_ordinary,
+    ordinary_copy,
+    prepare_compact,
+)
 from little_es._frozen import FrozenDict, freeze
 from little_es.errors import InvalidStepPathError
 from little_es.events import (
@@ -354,26 +359,32 @@ class StepFold:
     def freeze(self) -> StepState:
         """The immutable view of this step."""
         if self._view is None:
-            self._view = construct_compact(
-                StepState,
-                _STEP_FIELDS,
-                {
-                    "step_path": self.step_path,
-                    "step_id": self.step_id,
-                    "kind": self.kind,
-                    "status": self.status,
-                    "visit": self.visit,
-                    "attempts": self.attempts,
-                    "output": freeze(self.output),
-                    "output_ref": self.output_ref,
-                    "artifact_refs": self.artifact_refs,
-                    "next_step": self.next_step,
-                    "error": self.error,
-                    "session_ids": self.session_ids,
-                    "usage": self.usage.freeze(),
-                },
-            )
+            self._view = construct_compact(StepState, _STEP_FIELDS, self._values())
         return self._view
+
+    def dumpable(self) -> StepState:
+        """This step as an ordinary :class:`StepState`, to dump (a snapshot): not the cached
+        compact view (see :mod:`little_es._compact`), and not made into one."""
+        if self._view is not None:
+            return ordinary_copy(self._view)
+        return construct_ordinary(StepState, _STEP_FIELDS, self._values())
+
+    def _values(self) -> dict[str, Any]:
+        return {
+            "step_path": self.step_path,
+            "step_id": self.step_id,
+            "kind": self.kind,
+            "status": self.status,
+            "visit": self.visit,
+            "attempts": self.attempts,
+            "output": freeze(self.output),
+            "output_ref": self.output_ref,
+            "artifact_refs": self.artifact_refs,
+            "next_step": self.next_step,
+            "error": self.error,
+            "session_ids": self.session_ids,
+            "usage": self.usage.freeze(),
+        }
 
 
 @dataclass(slots=True)
@@ -518,8 +529,9 @@ class RunFold:
             return found
         return found.changing()
 
-    def freeze(self) -> MaterializedRunState:
-        """The immutable :class:`MaterializedRunState` of everything folded so far."""
+    def freeze(self, *, steps: bool = True) -> MaterializedRunState:
+        """The immutable :class:`MaterializedRunState` of everything folded so far (with
+        ``steps=False``, all but the steps: a snapshot dumps them one by one)."""
         return MaterializedRunState.model_construct(
             run_id=self.run_id,
             workflow_id=self.workflow_id,
@@ -537,9 +549,9 @@ class RunFold:
             stopped_step_path=self.stopped_step_path,
             budget=self.budget,
             forked_from=self.forked_from,
-            steps=_frozen_steps(self.steps),
+            steps=_frozen_steps(self.steps) if steps else FrozenDict(),
             waits=_frozen_waits(self.waits),
-            visits=FrozenDict(self.visits),
+            visits=_frozen_visits(self.visits),
             parallel_groups=FrozenDict(self.parallel_groups),
             pending_decision_target=self.pending_decision_target,
             sub_run_ids=tuple(self.sub_run_ids),
@@ -563,6 +575,12 @@ need not decode (see ``skipped`` in :func:`materialize_run_state`).
 def _frozen_waits(waits: dict[str, WaitState]) -> FrozenDict[str, WaitState]:
     view: FrozenDict[str, WaitState] = FrozenDict()
     dict.update(view, waits)  # WaitStates are frozen already
+    return view
+
+
+def _frozen_visits(visits: dict[str, int]) -> FrozenDict[str, int]:
+    view: FrozenDict[str, int] = FrozenDict()
+    dict.update(view, visits)  # ints: nothing to freeze, and one entry per step of a long run
     return view
 
 

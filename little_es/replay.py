@@ -22,10 +22,11 @@ any of it raises.
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, computed_field
 
 from little_es._compact import construct_compact, prepare_compact
 from little_es._frozen import freeze
@@ -69,15 +70,46 @@ class ReplayResult(BaseModel):
     run_id: str
     state: MaterializedRunState
     """The reducer's state, including the harness usage totals (run and per step)."""
-    steps: tuple[ReplayPlanStep, ...]
-    """One per step path the log names, in the order the steps were first started."""
-    completed_step_paths: tuple[str, ...]
-    """Step paths with a committed ``StepCompleted``: they do not run again."""
-    pending_step_paths: tuple[str, ...]
-    """Step paths that run on resume (pending, running or failed)."""
     artifacts: tuple[HydratedArtifact, ...]
     """Every artifact the run references (its input ref, then output refs and artifact
     refs, step by step, then the run's own output ref), verified and deduplicated."""
+
+    @computed_field  # type: ignore[prop-decorator]
+    @cached_property
+    def steps(self) -> tuple[ReplayPlanStep, ...]:
+        """One per step path the log names, in the order the steps were first started."""
+        # The plan is made when first asked for: all of it is in ``state.steps``, and a
+        # replay of a long run that never looks at it would hold a second object per
+        # step (~150 bytes) and its paths once more, for nothing.
+        return tuple(
+            # The state is validated and frozen already: the plan shares its outputs
+            # rather than holding a validated copy of each.
+            construct_compact(
+                ReplayPlanStep,
+                _PLAN_FIELDS,
+                {
+                    "step_path": path,
+                    "status": step.status,
+                    "should_run": step.status != "completed",
+                    "output": step.output,
+                    "output_ref": step.output_ref,
+                    "artifact_refs": step.artifact_refs,
+                },
+            )
+            for path, step in self.state.steps.items()
+        )
+
+    @computed_field  # type: ignore[prop-decorator]
+    @cached_property
+    def completed_step_paths(self) -> tuple[str, ...]:
+        """Step paths with a committed ``StepCompleted``: they do not run again."""
+        return tuple(p for p, step in self.state.steps.items() if step.status == "completed")
+
+    @computed_field  # type: ignore[prop-decorator]
+    @cached_property
+    def pending_step_paths(self) -> tuple[str, ...]:
+        """Step paths that run on resume (pending, running or failed)."""
+        return tuple(p for p, step in self.state.steps.items() if step.status != "completed")
 
     @property
     def input(self) -> JSONValue:
@@ -106,31 +138,7 @@ def replay_run(world: World, run_id: str) -> ReplayResult:
     if not isinstance(world, World):
         raise TypeError(f"replay_run needs a World (from open_world()), got {type(world).__name__}")
     state = read_run_state(world, run_id)
-    steps = tuple(
-        # The state is validated and frozen already: the plan shares its outputs
-        # rather than holding a validated copy of each.
-        construct_compact(
-            ReplayPlanStep,
-            _PLAN_FIELDS,
-            {
-                "step_path": path,
-                "status": step.status,
-                "should_run": step.status != "completed",
-                "output": step.output,
-                "output_ref": step.output_ref,
-                "artifact_refs": step.artifact_refs,
-            },
-        )
-        for path, step in state.steps.items()
-    )
-    return ReplayResult(
-        run_id=run_id,
-        state=state,
-        steps=steps,
-        completed_step_paths=tuple(s.step_path for s in steps if not s.should_run),
-        pending_step_paths=tuple(s.step_path for s in steps if s.should_run),
-        artifacts=_hydrate(world, state),
-    )
+    return ReplayResult(run_id=run_id, state=state, artifacts=_hydrate(world, state))
 
 
 def read_run_state(world: World, run_id: str) -> MaterializedRunState:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import hashlib
 import pickle
 import sys
 import tracemalloc
@@ -12,10 +13,10 @@ from collections.abc import Callable
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from little_es import task
+from little_es import Workflow, decision, parallel, subworkflow, task
 from little_es.materialize import StepState
 from little_es.replay import ReplayPlanStep
-from little_es.workflow.ir import RetryPolicy, StepIR
+from little_es.workflow.ir import RetryPolicy, StepIR, canonical_json
 
 
 def _work(ctx: object) -> int:
@@ -123,3 +124,42 @@ def test_only_plain_models_are_built_compact() -> None:
 
     with pytest.raises(TypeError, match="plain models"):
         _compact.prepare_compact(Hooked)
+
+
+def _mixed_workflow(n: int) -> Workflow:
+    child = Workflow("child", steps=[task("c", _work)])
+    return Workflow(
+        "mixed",
+        steps=[
+            *(task(f"s{i}", _work, retry=RetryPolicy(max_attempts=2)) for i in range(n)),
+            parallel(
+                "fan",
+                branches=_work,
+                step=task("inner", _work, run_in_thread=False),
+                max_concurrency=3,
+            ),
+            decision("route", _work, max_visits=2),
+            subworkflow("sub", child),
+        ],
+    )
+
+
+@pytest.mark.skipif(sys.implementation.name != "cpython", reason="CPython's split dicts")
+def test_hashing_a_workflow_keeps_its_steps_compact() -> None:
+    n = 400
+    wf = _mixed_workflow(n)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        digest = wf.ir_hash
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    # A dump of the steps themselves gives each one a dict of its own: 64 bytes a step.
+    assert kept < 8 * n, kept
+    # The bytes hashed are those of pydantic's own dump of the whole IR.
+    plain = canonical_json(_mixed_workflow(n).ir.model_dump(mode="json", exclude_defaults=True))
+    assert wf.ir.canonical_json() == plain
+    assert digest == hashlib.sha256(plain).hexdigest()

@@ -51,6 +51,25 @@ def test_two_replays_are_deeply_equal(world: World) -> None:
     assert first.state.event_count == len(world.read_run_log("run_idem"))
 
 
+def test_the_plan_is_made_once_when_asked_for_and_does_not_change_equality(
+    world: World,
+) -> None:
+    w = RunWriter(world, "run_lazy")
+    w.task_step("fetch", {"rows": [1, 2]})
+    w.start_step("next")
+    asked, untouched = replay_run(world, "run_lazy"), replay_run(world, "run_lazy")
+    # A replay holds the state; the plan is read from it, once, when first asked for.
+    assert "steps" not in vars(asked) and "completed_step_paths" not in vars(asked)
+    plan = asked.steps
+    assert asked.steps is plan
+    assert "steps" in vars(asked)
+    assert [(s.step_path, s.should_run) for s in plan] == [("fetch", False), ("next", True)]
+    assert (asked.completed_step_paths, asked.pending_step_paths) == (("fetch",), ("next",))
+    assert asked == untouched
+    assert asked.model_dump() == untouched.model_dump()
+    assert "steps" in untouched.model_dump()
+
+
 def test_replay_appends_nothing(world: World) -> None:
     write_agent_run(world, "run_ro", steps=1, calls_per_step=2)
     before = world.app.recorder.max_notification_id()

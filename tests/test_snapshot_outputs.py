@@ -8,6 +8,9 @@ tampered, and a snapshot written before (outputs inline) still loads.
 from __future__ import annotations
 
 import asyncio
+import gc
+import sys
+import tracemalloc
 import zlib
 from pathlib import Path
 from typing import Any
@@ -16,7 +19,7 @@ import orjson
 import pytest
 from eventsourcing.persistence import StoredEvent
 
-from little_es import Workflow, local_world, run_workflow, task
+from little_es import Workflow, local_world, memory_world, run_workflow, task
 from little_es.chain import FRAME_SIZE, frame, row_digest
 from little_es.domain import Run
 from little_es.errors import LogTamperedError
@@ -24,6 +27,7 @@ from little_es.events import Snapshot
 from little_es.ids import run_stream_id
 from little_es.materialize import materialize_run_state
 from little_es.pricing import price_usage_exact
+from little_es.testing.logs import RunWriter, priced
 from little_es.world import World
 
 RUN_ID = "run_snap_outputs"
@@ -108,3 +112,72 @@ def test_a_snapshot_with_its_outputs_inline_still_loads(tmp_path: Path) -> None:
     loaded = world.load_run(RUN_ID)
     assert loaded.fold.freeze() == full.fold.freeze()
     world.close()
+
+
+def _whole_state_dump(run: Run) -> dict[str, Any]:
+    """The snapshot state as it was made before it was dumped step by step: pydantic's
+    dump of the whole frozen state, without each step's path and its id where it is the
+    path (the stored bytes must not change)."""
+    outputs_at = run.fold.output_versions()
+    steps = run.fold.steps
+    exclude: dict[str, Any] = {
+        "steps": (
+            {"__all__": {"output"}}
+            if all(s.output is None or p in outputs_at for p, s in steps.items())
+            else {path: {"output"} for path in outputs_at}
+        )
+    }
+    state = run.fold.freeze().model_dump(mode="json", exclude_defaults=True, exclude=exclude)
+    for path, step in state["steps"].items():
+        del step["step_path"]
+        if step["step_id"] == path:
+            del step["step_id"]
+    state["gave_up_attempts"] = run.fold.gave_up_attempts()
+    state["outputs_at"] = outputs_at
+    return state
+
+
+def test_the_snapshot_state_is_the_dump_of_the_whole_state(world: World) -> None:
+    w = RunWriter(world, "run_dump", input={"q": [1, {"k": "v"}]})
+    ref = world.artifacts.put(b"blob", run_id="run_dump", step_path="fetch")
+    w.task_step("fetch", {"rows": [1, 2]}, artifact_refs=[ref])
+    w.task_step("route", "fetch", next_step="fetch")
+    w.task_step("fetch@2", {"rows": []}, visit=2)
+    w.agent_step("think", [priced(), priced()])
+    w.start_step("flaky")
+    w.fail_step("flaky", will_retry=True)
+    w.start_step("flaky", attempt=2)
+    w.fail_step("flaky", attempt=2, will_retry=False)
+    w.start_step("group[a]/inner")
+    w.complete_step("group[a]/inner", None)
+    w.start_step("last")
+    run = world.load_run("run_dump")
+    assert run.snapshot_state() == _whole_state_dump(run)
+    assert orjson.dumps(run.snapshot_state()) == orjson.dumps(_whole_state_dump(run))
+    # An output the snapshot cannot name by version (one read from an older snapshot,
+    # which held them inline) stays in it.
+    run.fold.steps["fetch"].changing().output_version = 0
+    assert "output" in run.snapshot_state()["steps"]["fetch"]
+    assert orjson.dumps(run.snapshot_state()) == orjson.dumps(_whole_state_dump(run))
+
+
+@pytest.mark.skipif(sys.implementation.name != "cpython", reason="CPython's split dicts")
+def test_a_snapshot_leaves_the_runs_compact_steps_as_they_were() -> None:
+    n = 300
+    with memory_world() as world:
+        w = RunWriter(world, "run_compact_dump")
+        for i in range(n):
+            w.task_step(f"s{i}", {"i": i})
+        run = world.load_run("run_compact_dump")
+        run.fold.freeze()  # the steps' frozen views, which the run's result shares
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            run.snapshot_state()
+            gc.collect()
+            kept = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+    # Dumping a compact StepState itself gives it a dict of its own: 64 bytes a step.
+    assert kept < 8 * n, kept

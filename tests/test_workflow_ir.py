@@ -754,6 +754,13 @@ def test_frozen_values_still_serialise_and_compare() -> None:
     assert ctx.input["ticket"] == 42
 
 
+def test_frozen_mappings_share_their_keys() -> None:
+    # The outputs of a long run repeat the same keys: each is kept once, not once per output.
+    first, second = (freeze(orjson.loads(b'{"payload_key": %d}' % i)) for i in range(2))
+    (one,), (other,) = first, second
+    assert one == other and one is other
+
+
 def test_freeze_is_idempotent_and_deep() -> None:
     frozen = freeze({"a": [1, {"b": {2, 3}}], "t": (1, [2])})
     assert isinstance(frozen, FrozenDict)

@@ -229,10 +229,19 @@ async def call_maybe_async(fn: Callable[..., Any], *args: Any, in_thread: bool =
     async, and await what it returns."""
     if inspect.iscoroutinefunction(fn):
         return await fn(*args)
-    result = await asyncio.to_thread(fn, *args) if in_thread else fn(*args)
+    result = await asyncio.to_thread(_call_handed, fn, [args]) if in_thread else fn(*args)
     if inspect.isawaitable(result):
         return await result
     return result
+
+
+def _call_handed(fn: Callable[..., Any], handed: list[tuple[Any, ...]]) -> Any:
+    # The worker thread's work item keeps what it was given until that thread runs
+    # again, which can be after the awaiting coroutine resumed: taken out of the list,
+    # the arguments (a step's context) are freed as the call returns, so the local
+    # engine sees that nothing holds the outputs it showed and extends them in place.
+    args = handed.pop()
+    return fn(*args)
 
 
 def next_attempt(recorded: StepFold | None, max_attempts: int) -> tuple[int, bool, int]:
@@ -497,7 +506,10 @@ class StepGuard:
 
     def __init__(self, executor: StepExecutor, begun: Begun, parent: CallGuard | None) -> None:
         self.executor = executor
-        self.begun = begun
+        # Not the attempt itself: its context would stay alive with this guard in the
+        # copy of the contextvars a worker thread ran the step in (see _call_handed).
+        self.step = begun.step
+        self.step_path = begun.step_path
         self.parent = parent
         self._step: BudgetTracker | None = _UNRESOLVED
 
@@ -511,9 +523,9 @@ class StepGuard:
     def _trackers(self) -> tuple[BudgetTracker, ...]:
         if self._step is _UNRESOLVED:
             self._step = None
-            step = self.begun.step
+            step = self.step
             if isinstance(step, AgentStep) and step.budget is not None:
-                path = self.begun.step_path
+                path = self.step_path
                 state = self.executor.world.read_run_log_skipping(
                     self.executor.run_id, COUNTED_ONLY
                 ).materialize()
@@ -531,7 +543,7 @@ class StepGuard:
         """Stop a cancelled run, then one whose budget (the run's or the step's) is spent."""
         self.check_stop()
         for tracker in self._trackers():
-            tracker.check(self.executor.run_id, self.begun.step_path)
+            tracker.check(self.executor.run_id, self.step_path)
 
     def model_responded(self, response: ModelResponse, at: datetime) -> None:
         """Count the call towards the step's budget and the run's (and the run's parents')."""

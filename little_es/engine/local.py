@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import sys
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -126,12 +127,11 @@ class _LocalWriter(RunWriter):
     def __init__(self, recorder: RunRecorder) -> None:
         super().__init__(recorder.world, recorder.run_id)
         self.recorder = recorder
-        # Each output is frozen once, when the walk gets it; the read-only view
-        # handed to step contexts is rebuilt only after an output changed, by a
-        # C-level copy. StepContext would otherwise re-freeze every output for
-        # every step, O(steps) Python work per step.
-        self._outputs: dict[str, Any] = {}
-        self._view: FrozenDict[str, Any] | None = None
+        # Each output is frozen once, when the walk gets it, and the read-only view
+        # handed to step contexts is extended in place while no one else holds it
+        # (see set_output). Rebuilding it for every step would be O(steps) per step,
+        # O(steps**2) per run; StepContext re-freezing every output, worse.
+        self._view: FrozenDict[str, Any] = FrozenDict()
 
     def read(self) -> RunFold:
         return self.recorder.fold
@@ -163,16 +163,48 @@ class _LocalWriter(RunWriter):
         raise AssertionError("unreachable")  # pragma: no cover
 
     def outputs(self, fold: RunFold) -> FrozenDict[str, Any]:
-        if self._view is None:
-            view: FrozenDict[str, Any] = FrozenDict()
-            dict.update(view, self._outputs)  # the values are frozen already
-            self._view = view
         return self._view
 
     def set_output(self, step_id: str, output: Any) -> None:
         """Show ``output`` as step ``step_id``'s to the steps that follow."""
-        self._outputs[step_id] = freeze(output)
-        self._view = None
+        frozen = freeze(output)
+        if _refcount(self._view) > _SOLE_HOLDER:
+            # A context (or anything a step kept) still holds the view: it must keep
+            # showing the outputs as they were when it was handed out, so the change
+            # goes into a copy. Once the steps that saw a view are done with it, only
+            # this writer holds it, and no one can see it change: CPython's own
+            # ``s += t`` on a str relies on the same fact. A run whose steps keep their
+            # contexts pays a copy per step, as every run did before.
+            view: FrozenDict[str, Any] = FrozenDict()
+            dict.update(view, self._view)  # the values are frozen already
+            self._view = view
+        # A later visit replaces the output in place, keeping the step's first position.
+        dict.__setitem__(self._view, step_id, frozen)
+
+
+def _never_sole(obj: object) -> int:
+    # An interpreter without reference counts (PyPy): always copy.
+    return sys.maxsize
+
+
+_refcount: Callable[[object], int] = getattr(sys, "getrefcount", _never_sole)
+
+
+class _SoleHolder:
+    __slots__ = ("_view",)
+
+    def __init__(self) -> None:
+        self._view: FrozenDict[str, Any] = FrozenDict()
+
+    def count(self) -> int:
+        # The very expression set_output tests.
+        return _refcount(self._view)
+
+
+# What ``_refcount(self._view)`` gives for a view only its writer holds: measured, not
+# assumed (2 on CPython 3.11, the attribute and the call's argument), since interpreters
+# differ in the references they borrow instead of counting (CPython 3.14 borrows more).
+_SOLE_HOLDER = _SoleHolder().count()
 
 
 _CONFLICT_RETRIES = 20

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from little_es._compact import prepare_compact
+from little_es._compact import ordinary_copy, prepare_compact
 from little_es.workflow.paths import STEP_ID_PATTERN
 
 __all__ = [
@@ -253,6 +253,13 @@ class StepIR(_Frozen):
 prepare_compact(StepIR)
 
 
+def _ordinary(step: StepIR) -> StepIR:
+    copy = ordinary_copy(step)
+    if step.branch_step is not None:
+        copy.__dict__["branch_step"] = _ordinary(step.branch_step)
+    return copy
+
+
 class WorkflowIR(_Frozen):
     """A whole workflow definition as data; ``ir_hash`` is what ``RunStarted`` records."""
 
@@ -272,7 +279,14 @@ class WorkflowIR(_Frozen):
 
     def canonical_json(self) -> bytes:
         """The bytes the hash is taken of: sorted-key JSON of the dump without defaults."""
-        return canonical_json(self.model_dump(mode="json", exclude_defaults=True))
+        dump = self.model_dump(mode="json", exclude={"steps"}, exclude_defaults=True)
+        # The steps are dumped from ordinary copies (little_es._compact): dumped
+        # themselves, the compact steps would keep 64 bytes each for as long as the
+        # workflow. Same bytes.
+        dump["steps"] = [
+            _ordinary(step).model_dump(mode="json", exclude_defaults=True) for step in self.steps
+        ]
+        return canonical_json(dump)
 
     @property
     def ir_hash(self) -> str:
