@@ -38,7 +38,7 @@ the world's; a table of the scratch database, on a ``psycopg`` connection with
    empty world's) / 101.
 
     .venv/bin/python -m benchmarks.bench_peer [--sizes 100,1000] [--reps 5] \
-        [--backends sqlite,postgres] [--quick] [--json]
+        [--backends sqlite,postgres] [--quick] [--only agent] [--json]
 
 PostgreSQL is skipped, with the reason printed, when the server cannot be reached.
 """
@@ -675,12 +675,14 @@ def measure(kind: Kind, args: argparse.Namespace, figures: Figures) -> None:
     # Warm up: imports, the first world's tables, the driver.
     with kind.place() as place, kind.world(place) as world:
         asyncio.run(run_workflow(world, steps_workflow(10), {}, run_id=RUN_ID))
-    for n in args.sizes:
-        per_step(kind, n, args.reps, figures)
+    if args.only != "agent":
+        for n in args.sizes:
+            per_step(kind, n, args.reps, figures)
     empty = empty_world_bytes(kind)
-    for n in args.bytes_sizes:
-        bytes_per_step(kind, n, empty, figures)
-    resume(kind, args.reps, figures)
+    if args.only != "agent":
+        for n in args.bytes_sizes:
+            bytes_per_step(kind, n, empty, figures)
+        resume(kind, args.reps, figures)
     agent_step(kind, args.reps, empty, figures)
     print(f"{kind.name}: measured in {time.perf_counter() - t0:.0f} s", flush=True)
 
@@ -727,6 +729,11 @@ def main(argv: list[str] | None = None) -> int:
         "--dsn",
         default=os.environ.get("LITTLE_ES_TEST_POSTGRES_DSN", DEFAULT_DSN),
         help="PostgreSQL server (a scratch database is created there and dropped)",
+    )
+    parser.add_argument(
+        "--only",
+        choices=("agent",),
+        help="measure only this figure (agent: figure 4), e.g. to alternate two checkouts",
     )
     add_json_option(parser)
     args = parser.parse_args(argv)

@@ -106,6 +106,8 @@ WIRE_KEYS: Final[Mapping[str, str]] = MappingProxyType(
         "response": "r",
         "result": "x",
         "conversation_hash": "h",
+        "implied": "d",
+        "manifest_model": "f",
     }
 )
 """The key each of these fields is stored under, in every event class (a user's too).
@@ -480,24 +482,57 @@ class ModelCalled(HarnessEvent):
 
     ``conversation_hash`` chains the whole conversation up to and including
     these messages, so a replayed conversation can be checked against it.
+
+    Of the messages added, the first ``implied`` are not stored: the session's
+    earlier events imply them (the previous turn's assistant message is its
+    ``harness.model.responded``, each tool message a ``harness.tool_call``
+    result), and ``messages`` holds the rest, those no earlier event holds
+    (turn 1's system text and prompt). A reader rebuilds them with
+    :func:`little_es.harness.session.sent_messages`; a resumed session rebuilds
+    them from those events and checks them against the hash, as every turn.
+    ``implied`` 0 (not stored) is the form logs written before hold, where
+    ``messages`` is every message added.
     """
 
     wire_name: ClassVar[str] = "harness.model.called"
     write_ahead: ClassVar[bool] = True
 
     turn: int = Field(ge=1)
-    messages: tuple[Message, ...]
+    messages: tuple[Message, ...] = ()
     conversation_hash: str
+    implied: int = Field(default=0, ge=0)
 
 
 class ModelResponded(HarnessEvent):
-    """The model's answer to turn ``turn``, with its usage (token counts, never cost)."""
+    """The model's answer to turn ``turn``, with its usage (token counts, never cost).
+
+    ``manifest_model`` says the response's ``provider`` and ``model`` are those
+    of the session's manifest (``harness.session.started``): they are then left
+    out of the stored response, and the codec reads them back from the
+    session's first event. A response from another model (or one recorded
+    before, without the flag) stores both.
+    """
 
     wire_name: ClassVar[str] = "harness.model.responded"
 
     turn: int = Field(ge=1)
     response: ModelResponse
     step_path: str | None = None
+    manifest_model: bool = False
+
+    @field_serializer("response", mode="wrap")
+    def _response_on_the_wire(
+        self,
+        value: ModelResponse,
+        handler: SerializerFunctionWrapHandler,
+        info: FieldSerializationInfo,
+    ) -> Any:
+        data = handler(value)
+        if info.context is WIRE_CONTEXT and self.manifest_model and isinstance(data, dict):
+            # The session's first event names them (and the codec puts them back).
+            data.pop("provider", None)
+            data.pop("model", None)
+        return data
 
 
 class ToolCallStarted(HarnessEvent):
