@@ -438,7 +438,10 @@ class _SessionLoop:
             turn=turn,
             response=response,
             step_path=self.step_path,
-            manifest_model=(response.provider, response.model) == self.manifest_model,
+            # getattr: a response built without validation may lack either, and is
+            # refused by name when the event validates it.
+            manifest_model=(getattr(response, "provider", None), getattr(response, "model", None))
+            == self.manifest_model,
         )
         if guard is not None:
             guard.model_responded(response, responded.timestamp)
