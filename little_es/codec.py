@@ -52,6 +52,12 @@ _ZLIB = b"\x78"
 _ORIGINATOR_FIELDS: set[str] = {"originator_id", "originator_version"}
 # A step event's step_id is read back from its step_path (StepEvent) when it is left out.
 _ORIGINATOR_FIELDS_AND_STEP_ID: set[str] = {*_ORIGINATOR_FIELDS, "step_id"}
+# A response from the manifest's model is stored without them (ModelResponded.manifest_model).
+_ORIGINATOR_FIELDS_AND_RESPONSE_MODEL: dict[str, Any] = {
+    "originator_id": True,
+    "originator_version": True,
+    "response": {"provider": True, "model": True},
+}
 # How many sessions' manifest models a mapper remembers (a few bytes each).
 _SESSION_MODELS = 4096
 
@@ -76,9 +82,12 @@ def _payload(event: Event, wire_name: str) -> bytes:
     constants the recorder then refuses (see :mod:`little_es._strict`).
     """
     cls = type(event)
-    exclude = _ORIGINATOR_FIELDS
+    exclude: set[str] | dict[str, Any] = _ORIGINATOR_FIELDS
     if isinstance(event, StepEvent) and event.step_id == event.step_path:
         exclude = _ORIGINATOR_FIELDS_AND_STEP_ID
+    elif isinstance(event, ModelResponded) and event.manifest_model:
+        # The session's first event names them; the reader puts them back.
+        exclude = _ORIGINATOR_FIELDS_AND_RESPONSE_MODEL
     try:
         data = cls.__pydantic_serializer__.to_json(
             event,

@@ -508,8 +508,8 @@ class ModelResponded(HarnessEvent):
 
     ``manifest_model`` says the response's ``provider`` and ``model`` are those
     of the session's manifest (``harness.session.started``): they are then left
-    out of the stored response, and the codec reads them back from the
-    session's first event. A response from another model (or one recorded
+    out of the stored response (:mod:`little_es.codec`), which reads them back
+    from the session's first event. A response from another model (or one recorded
     before, without the flag) stores both.
     """
 
@@ -519,20 +519,6 @@ class ModelResponded(HarnessEvent):
     response: ModelResponse
     step_path: str | None = None
     manifest_model: bool = False
-
-    @field_serializer("response", mode="wrap")
-    def _response_on_the_wire(
-        self,
-        value: ModelResponse,
-        handler: SerializerFunctionWrapHandler,
-        info: FieldSerializationInfo,
-    ) -> Any:
-        data = handler(value)
-        if info.context is WIRE_CONTEXT and self.manifest_model and isinstance(data, dict):
-            # The session's first event names them (and the codec puts them back).
-            data.pop("provider", None)
-            data.pop("model", None)
-        return data
 
 
 class ToolCallStarted(HarnessEvent):
