@@ -386,7 +386,8 @@ class _SessionLoop:
             ):
                 raise ConversationDivergedError(
                     f"{self._where(turn)}: the rebuilt conversation does not match the one"
-                    " recorded in harness.model.called (hash chain differs): the prompt or the"
+                    " recorded in harness.model.called (its hash chain or message count"
+                    " differs): the prompt or the"
                     " recorded history (a response or a tool result) changed since the session"
                     " started; resume with the original prompt, or start a new run"
                 )
