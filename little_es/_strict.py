@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationErr
 from pydantic_core import PydanticSerializationError
 
 from little_es.errors import EventPayloadError
-from little_es.events import ModelResponded, Snapshot
+from little_es.events import Snapshot
 from little_es.values import (
     UNCHECKED_KEY,
     Checked,
@@ -197,17 +197,7 @@ def check_snapshot_payload(model: BaseModel, label: str, data: bytes) -> None:
     """
     cls = _SnapshotCheck if type(model) is Snapshot else type(model)
     try:
-        if type(model) is ModelResponded and model.manifest_model:
-            # Stored without the manifest's provider and model, which the reader puts
-            # back from the session's first event (little_es.codec): so does this check.
-            state = orjson.loads(data)
-            response = state.get("r")
-            if isinstance(response, dict):
-                response["provider"] = model.response.provider
-                response["model"] = model.response.model
-            cls.__pydantic_validator__.validate_python(state)
-        else:
-            cls.__pydantic_validator__.validate_json(data)
+        cls.__pydantic_validator__.validate_json(data)
     except ValidationError as exc:
         raise EventPayloadError(
             f"cannot record {label}: the payload would not read back: {describe(exc)}"

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
-from functools import partial
 from typing import Any, cast
 from uuid import UUID
 
@@ -37,29 +36,13 @@ from little_es._strict import check_snapshot_payload, check_stored_payload
 from little_es.aggregates import decode_domain_event, encode_domain_event, is_domain_topic
 from little_es.chain import unframe
 from little_es.errors import EventPayloadError, UnknownEventTypeError, UnstorableEventError
-from little_es.events import (
-    WIRE_CONTEXT,
-    Event,
-    ModelResponded,
-    SessionStarted,
-    Snapshot,
-    StepEvent,
-    event_class_for,
-)
+from little_es.events import WIRE_CONTEXT, Event, Snapshot, StepEvent, event_class_for
 
 _ZLIB = b"\x78"
 # A set, not a frozenset: pydantic's ``exclude`` is typed as set or mapping.
 _ORIGINATOR_FIELDS: set[str] = {"originator_id", "originator_version"}
 # A step event's step_id is read back from its step_path (StepEvent) when it is left out.
 _ORIGINATOR_FIELDS_AND_STEP_ID: set[str] = {*_ORIGINATOR_FIELDS, "step_id"}
-# A response from the manifest's model is stored without them (ModelResponded.manifest_model).
-_ORIGINATOR_FIELDS_AND_RESPONSE_MODEL: dict[str, Any] = {
-    "originator_id": True,
-    "originator_version": True,
-    "response": {"provider": True, "model": True},
-}
-# How many sessions' manifest models a mapper remembers (a few bytes each).
-_SESSION_MODELS = 4096
 
 
 class OrjsonTranscoder(Transcoder):
@@ -82,12 +65,9 @@ def _payload(event: Event, wire_name: str) -> bytes:
     constants the recorder then refuses (see :mod:`little_es._strict`).
     """
     cls = type(event)
-    exclude: set[str] | dict[str, Any] = _ORIGINATOR_FIELDS
+    exclude = _ORIGINATOR_FIELDS
     if isinstance(event, StepEvent) and event.step_id == event.step_path:
         exclude = _ORIGINATOR_FIELDS_AND_STEP_ID
-    elif isinstance(event, ModelResponded) and event.manifest_model:
-        # The session's first event names them; the reader puts them back.
-        exclude = _ORIGINATOR_FIELDS_AND_RESPONSE_MODEL
     try:
         data = cls.__pydantic_serializer__.to_json(
             event,
@@ -119,18 +99,6 @@ class PydanticMapper(Mapper[UUID]):
     unframed_allowed = True
     """Whether a row without a chain frame is read (a world created before the chain);
     the world sets it from its record."""
-
-    read_session_started: Callable[[UUID], SessionStarted | None] | None = None
-    """Reads a harness session's first event, for a ``harness.model.responded`` whose
-    provider and model are the manifest's (``manifest_model``) read without it (one row
-    at a time, by a projection); the world sets it."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        # Each session's manifest (provider, model id), from its harness.session.started
-        # as this mapper decoded it: a stream is read from its first row, so the
-        # responses that leave them out find them here.
-        self._session_models: dict[UUID, tuple[str, str]] = {}
 
     def to_stored_event(self, domain_event: DomainEventProtocol[UUID]) -> StoredEvent:
         """Serialise an event; its topic is its wire name.
@@ -229,20 +197,13 @@ class PydanticMapper(Mapper[UUID]):
             data = self.compressor.decompress(data)
         if cls is Snapshot and data[:1] == _ZLIB:
             data = _decompressed(data, stream_id, version)
-        prepare: Callable[[dict[str, Any]], None] | None = None
-        fast: bytes | None = data
-        if cls is ModelResponded and (b'"f":true' in data or b'"manifest_model":true' in data):
-            # Maybe the manifest's provider and model left out (a key "f" in a tool
-            # call's arguments lands here too; the state is looked at, not the bytes).
-            prepare = partial(self._fill_manifest_model, stream_id, version, topic)
-            fast = self._with_manifest_model(stream_id, data)
-        if cls.class_version == 1 and fast is not None:
+        if cls.class_version == 1:
             # A payload in the class's own schema is validated straight from its
             # JSON bytes (no intermediate dict: measured 1.3-1.4x faster to read a
             # harness-heavy log). Anything it refuses, including an old or newer
             # class_version, takes the path below, which names the problem.
             try:
-                event: Event = cls.__pydantic_validator__.validate_json(fast)
+                event: Event = cls.__pydantic_validator__.validate_json(data)
             except ValidationError:
                 pass
             else:
@@ -250,67 +211,8 @@ class PydanticMapper(Mapper[UUID]):
                 fields = event.__dict__
                 fields["originator_id"] = stream_id
                 fields["originator_version"] = version
-                if cls is SessionStarted:
-                    self._remember_session_model(stream_id, event)
                 return event
-        event = _decode_state(cls, stream_id, version, topic, self.transcoder.decode, data, prepare)
-        if cls is SessionStarted:
-            self._remember_session_model(stream_id, event)
-        return event
-
-    def _remember_session_model(self, stream_id: UUID, event: Event) -> None:
-        assert isinstance(event, SessionStarted)
-        provider = event.manifest.get("provider")
-        model_id = event.manifest.get("model_id")
-        if not isinstance(provider, str) or not isinstance(model_id, str):
-            return
-        models = self._session_models
-        if stream_id not in models and len(models) >= _SESSION_MODELS:
-            del models[next(iter(models))]
-        models[stream_id] = (provider, model_id)
-
-    def _with_manifest_model(self, stream_id: UUID, data: bytes) -> bytes | None:
-        """A compact response's payload with its session manifest's provider and model put
-        in, for the validator to read from bytes; None where only the state can tell."""
-        found = self._session_models.get(stream_id)
-        if found is None or b'"provider"' in data or b'"model"' in data:
-            return None
-        # Wire keys: the response is the first object under "r" (after "t" and "u").
-        head, key, tail = data.partition(b'"r":{')
-        if not key:
-            return None
-        provider, model = found
-        named = b'"provider":%b,"model":%b,' % (orjson.dumps(provider), orjson.dumps(model))
-        return head + key + named + tail
-
-    def _fill_manifest_model(
-        self, stream_id: UUID, version: int, topic: str, state: dict[str, Any]
-    ) -> None:
-        """Put the session manifest's provider and model into a stored response that says
-        it left them out (``manifest_model``)."""
-        flag = state.get("f", state.get("manifest_model"))
-        response = state.get("r", state.get("response"))
-        if flag is not True or type(response) is not dict:
-            return  # the stored form in full: validation reads (or refuses) it as it is
-        where = f"stored event {topic!r} (stream {stream_id}, version {version})"
-        if "provider" in response or "model" in response:
-            raise EventPayloadError(
-                f"{where} says its provider and model are the session manifest's but stores"
-                " them too; the log is not one little_es wrote"
-            )
-        found = self._session_models.get(stream_id)
-        if found is None and self.read_session_started is not None:
-            started = self.read_session_started(stream_id)
-            if started is not None:
-                self._remember_session_model(stream_id, started)
-                found = self._session_models.get(stream_id)
-        if found is None:
-            raise EventPayloadError(
-                f"{where} takes its provider and model from its session's manifest, and the"
-                " session's first event is not a harness.session.started naming them: read"
-                " the session's stream from its first event (through its world)"
-            )
-        response["provider"], response["model"] = found
+        return _decode_state(cls, stream_id, version, topic, self.transcoder.decode, data)
 
 
 def _decompressed(data: bytes, stream_id: UUID, version: int) -> bytes:
@@ -330,12 +232,8 @@ def _decode_state(
     topic: str,
     decode: Callable[[bytes], Any],
     data: bytes,
-    prepare: Callable[[dict[str, Any]], None] | None = None,
 ) -> Event:
-    """Parse, upcast and validate a payload through a dict; every refusal names its cause.
-
-    ``prepare`` completes the upcast state with what the row leaves to its stream (a
-    response's manifest model) before it is validated."""
+    """Parse, upcast and validate a payload through a dict; every refusal names its cause."""
     try:
         state = decode(data)
     except orjson.JSONDecodeError as exc:
@@ -350,8 +248,6 @@ def _decode_state(
         )
     if "class_version" in state or cls.class_version != 1:
         _upcast(cls, state, topic, stream_id, version)
-    if prepare is not None:
-        prepare(state)
     state["originator_id"] = stream_id
     state["originator_version"] = version
     try:

@@ -107,7 +107,6 @@ WIRE_KEYS: Final[Mapping[str, str]] = MappingProxyType(
         "result": "x",
         "conversation_hash": "h",
         "implied": "d",
-        "manifest_model": "f",
     }
 )
 """The key each of these fields is stored under, in every event class (a user's too).
@@ -504,21 +503,13 @@ class ModelCalled(HarnessEvent):
 
 
 class ModelResponded(HarnessEvent):
-    """The model's answer to turn ``turn``, with its usage (token counts, never cost).
-
-    ``manifest_model`` says the response's ``provider`` and ``model`` are those
-    of the session's manifest (``harness.session.started``): they are then left
-    out of the stored response (:mod:`little_es.codec`), which reads them back
-    from the session's first event. A response from another model (or one recorded
-    before, without the flag) stores both.
-    """
+    """The model's answer to turn ``turn``, with its usage (token counts, never cost)."""
 
     wire_name: ClassVar[str] = "harness.model.responded"
 
     turn: int = Field(ge=1)
     response: ModelResponse
     step_path: str | None = None
-    manifest_model: bool = False
 
 
 class ToolCallStarted(HarnessEvent):

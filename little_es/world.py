@@ -99,7 +99,6 @@ from little_es.events import (
     ModelPriceSet,
     OuterLoopStarted,
     RunEvent,
-    SessionStarted,
     SignalReceived,
     Snapshot,
     StepStarted,
@@ -586,7 +585,6 @@ class World:
         self._legacy = self._open_record()
         # The one-row readers (the projections) refuse an unframed row as a whole read does.
         self._mapper.unframed_allowed = self._legacy
-        self._mapper.read_session_started = self._session_started
 
     def _open_record(self) -> bool:
         """Check the world is the one its backend remembers; return whether unframed rows may stand.
@@ -1065,16 +1063,6 @@ class World:
         ]
         events.append(decode(stream_id, last_version, last_topic, payload_of(last_state)))
         return events, len(rows) - len(events)
-
-    def _session_started(self, stream_id: UUID) -> SessionStarted | None:
-        """A harness session's first event, or None when the stream begins otherwise: for
-        a reader of one row of the session (its own digest is checked, as that reader's)."""
-        stored = self.app.recorder.select_events(stream_id, limit=1)
-        if not stored or stored[0].topic != SessionStarted.wire_name:
-            return None
-        row = stored[0]
-        event = self._mapper.decode_row(stream_id, row.originator_version, row.topic, row.state)
-        return event if isinstance(event, SessionStarted) else None
 
     def load_domain_stream(self, stream_id: UUID) -> LoadedDomainStream:
         """A user's eventsourcing aggregate's stream (:mod:`little_es.aggregates`): its domain

@@ -1,7 +1,6 @@
 """The workflow of ``tests/fixtures/agent_log.jsonl``: agent sessions in the form log format 3
 stored them before a ``harness.model.called`` left out the messages earlier events imply
-(every turn's assistant message and tool results stored again) and before a
-``harness.model.responded`` left out the manifest's provider and model.
+(every turn's assistant message and tool results stored again).
 
 The fixture was written once, by the code of commit e1c70af, with ``PYTHONPATH=.:tests
 python -c 'import _agent_log as a, asyncio, pathlib; asyncio.run(a.write(pathlib.Path("OUT")))'``

@@ -561,7 +561,7 @@ def test_the_mapper_refuses_an_event_of_another_application_by_name(world: World
 # ------------------------------------------------------------ compact harness events
 
 
-def _compact_session(world: World, content: str = "yo") -> HarnessSession:
+def _compact_session(world: World) -> HarnessSession:
     session = HarnessSession("run_compact", "a", 1)
     session.trigger(
         SessionStarted,
@@ -571,11 +571,9 @@ def _compact_session(world: World, content: str = "yo") -> HarnessSession:
         manifest={"provider": "p", "model_id": "m"},
         manifest_hash="h",
     )
-    response = ModelResponse(content=content, provider="p", model="m")
-    session.trigger(ModelResponded, turn=1, response=response, manifest_model=True)
-    other = ModelResponse(content=content, provider="p", model="m-2025")
-    session.trigger(ModelResponded, turn=2, response=other)
-    session.trigger(ModelCalled, turn=3, implied=1, conversation_hash="c")
+    response = ModelResponse(content="yo", provider="p", model="m")
+    session.trigger(ModelResponded, turn=1, response=response)
+    session.trigger(ModelCalled, turn=2, implied=1, conversation_hash="c")
     world.save(session)
     return session
 
@@ -587,57 +585,17 @@ def _payload_of(world: World, stream: UUID, version: int) -> dict[str, Any]:
     return decoded
 
 
-def test_a_compact_response_and_call_store_what_no_earlier_event_holds(world: World) -> None:
+def test_a_call_whose_messages_are_implied_stores_their_count(world: World) -> None:
     session = _compact_session(world)
-    # The manifest's provider and model are left out, and the flag says so; another
-    # model's response names its own.
-    compact = _payload_of(world, session.id, 2)
-    assert compact["f"] is True and set(compact["r"]) == {"content"}
-    named = _payload_of(world, session.id, 3)
-    assert "f" not in named and (named["r"]["provider"], named["r"]["model"]) == ("p", "m-2025")
     # A call whose messages are implied stores their count, not them.
-    assert set(_payload_of(world, session.id, 4)) == {"t", "u", "h", "d"}
+    assert set(_payload_of(world, session.id, 3)) == {"t", "u", "h", "d"}
+    # A response stores its provider and model, even the manifest's: each row reads alone.
+    stored = _payload_of(world, session.id, 2)["r"]
+    assert (stored["provider"], stored["model"]) == ("p", "m")
     events = world.read_stream(session.id)
-    assert [(e.response.provider, e.response.model) for e in events[1:3]] == [  # type: ignore[attr-defined]
-        ("p", "m"),
-        ("p", "m-2025"),
-    ]
-    called = events[3]
+    called = events[2]
     assert isinstance(called, ModelCalled) and (called.implied, called.messages) == (1, ())
-
-
-def test_a_compact_response_read_alone_takes_its_model_from_the_session(world: World) -> None:
-    session = _compact_session(world)
-    row = world.select_stored(session.id)[1]
-    # A reader of one row (a projection) reads the session's first event for it ...
     fresh = PydanticMapper(transcoder=OrjsonTranscoder())
-    fresh.read_session_started = world._session_started
-    event = fresh.decode(row)
-    assert isinstance(event, ModelResponded)
-    assert (event.response.provider, event.response.model) == ("p", "m")
-    # ... and one that cannot is told how to read it, not given a response without them.
-    alone = PydanticMapper(transcoder=OrjsonTranscoder())
-    with pytest.raises(EventPayloadError, match=r"from its first event"):
-        alone.decode(row)
-
-
-def test_a_compact_response_that_also_names_its_model_is_refused(world: World) -> None:
-    session = _compact_session(world)
-    payload = b'{"t":1,"u":3,"r":{"content":"x","provider":"p","model":"m"},"f":true}'
-    _insert_raw(world, session.id, 5, ModelResponded.wire_name, payload)
-    with pytest.raises(EventPayloadError, match=r"stores them too"):
-        world.read_stream(session.id)
-
-
-@pytest.mark.parametrize("content", ["NaN", "Infinity and more", '{"f":true} "provider"'])
-def test_a_compact_response_whose_bytes_look_odd_records_and_reads_back(
-    world: World, content: str
-) -> None:
-    # Text that sends the recorder's check (NaN, Infinity) or the reader's byte search
-    # ("f":true, "provider") down the slower paths reads back the same there.
-    session = _compact_session(world, content)
-    events = world.read_stream(session.id)
-    assert [e.response for e in events[1:3]] == [  # type: ignore[attr-defined]
-        ModelResponse(content=content, provider="p", model="m"),
-        ModelResponse(content=content, provider="p", model="m-2025"),
-    ]
+    alone = fresh.decode(world.select_stored(session.id)[1])
+    assert isinstance(alone, ModelResponded)
+    assert (alone.response.provider, alone.response.model) == ("p", "m")

@@ -22,8 +22,8 @@ today's form; the mixed world verifies.
 format 3 as the code of e1c70af stored them: each ``harness.model.called`` with the
 assistant message and tool results again, each ``harness.model.responded`` with its
 provider and model. A session killed mid-turn resumes from it calling only what was in
-flight, and continues in the compact form (messages implied, the manifest's model left
-out); a tool result edited in that form is refused before anything runs.
+flight, and continues in the compact form (messages implied); a tool result edited in
+that form is refused before anything runs.
 """
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ def test_the_agent_fixture_is_in_its_form() -> None:
     assert len(called) == 4 + 3 and len(responded) == 4 + 2
     assert all("m" in c and "d" not in c for c in called)
     assert any(c["u"] == 2 and c["m"][0]["role"] == "assistant" for c in called)
-    assert all("provider" in r["r"] and "model" in r["r"] and "f" not in r for r in responded)
+    assert all("provider" in r["r"] and "model" in r["r"] for r in responded)
 
 
 def test_an_agent_log_of_format_3_reads_as_written(agent_dir: Path) -> None:
@@ -264,8 +264,7 @@ async def test_an_agent_log_of_format_3_resumes_calling_only_what_was_in_flight(
     turn_4 = payloads[("harness.model.called", 4)]
     assert "m" not in turn_4 and turn_4["d"] == 2  # turn 3's answer and its tool's failure
     turn_3 = payloads[("harness.model.responded", 3)]
-    assert turn_3["f"] is True and "provider" not in turn_3["r"] and "model" not in turn_3["r"]
-    assert "f" not in payloads[("harness.model.responded", 2)]
+    assert (turn_3["r"]["provider"], turn_3["r"]["model"]) == ("scripted", "agent-log-1")
 
     # The mixed session reads back whole: the last request is every message it sent.
     events = _session_events(agent_dir, _agent_log.HALF_RUN)
@@ -325,7 +324,7 @@ def _edited_world(
     [
         # Turn 3's tool failure, which turn 4's compact harness.model.called implies.
         ("cannot: read-only", "cannot: read-write", 4),
-        # Turn 3's compact response (its assistant message, implied the same way).
+        # Turn 3's response (its assistant message, implied the same way).
         ('"arguments":{"reason":"read-only"}', '"arguments":{"reason":"read-write"}', 3),
         # How many messages turn 4 leaves to the earlier events.
         ('"d":2', '"d":1', 4),

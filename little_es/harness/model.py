@@ -30,10 +30,6 @@ class Model(Protocol):
 
     ``provider`` and ``model_id`` are known before any call (they go into the
     session manifest and select the price); they must not change afterwards.
-    A response that reports them as its ``provider`` and ``model`` is stored
-    without them (the session's manifest names them); one that reports another
-    model (a provider answering with a dated variant of the model asked for)
-    is stored with its own, and priced as that model.
     """
 
     @property

@@ -9,8 +9,7 @@ and tool call goes through the session's ``HarnessSession`` stream:
   of the session holds are stored (turn 1's system text and prompt): a later
   turn's are the previous response's assistant message and its tool results,
   which ``implied`` counts and the session rebuilds from those events
-  (:func:`sent_messages`). A response from the manifest's model stores neither
-  provider nor model (``manifest_model``);
+  (:func:`sent_messages`);
 * ``harness.tool_call.started`` for every call of a response is committed
   *before* any of them runs; the calls then run concurrently and each
   ``succeeded``/``failed`` is committed as it finishes;
@@ -295,7 +294,6 @@ async def run_agent_session(
         parameters=dict(manifest["parameters"]),
         max_turns=max_turns,
         conversation=initial,
-        manifest_model=(str(manifest["provider"]), str(manifest["model_id"])),
     )
     return await loop.run()
 
@@ -316,7 +314,6 @@ class _SessionLoop:
         parameters: dict[str, Any],
         max_turns: int,
         conversation: list[Message],
-        manifest_model: tuple[str, str],
     ) -> None:
         self.world = world
         self.session = session
@@ -329,7 +326,6 @@ class _SessionLoop:
         self.parameters = parameters
         self.max_turns = max_turns
         self.conversation = conversation
-        self.manifest_model = manifest_model
         self.session_id = str(session.id)
         self.used_call_ids: set[str] = set()
         self._running = 0
@@ -435,14 +431,7 @@ class _SessionLoop:
         # Saved by the caller with what follows it: the tool calls' starts, or
         # the session's completion.
         responded = self.session.trigger(
-            ModelResponded,
-            turn=turn,
-            response=response,
-            step_path=self.step_path,
-            # getattr: a response built without validation may lack either, and is
-            # refused by name when the event validates it.
-            manifest_model=(getattr(response, "provider", None), getattr(response, "model", None))
-            == self.manifest_model,
+            ModelResponded, turn=turn, response=response, step_path=self.step_path
         )
         if guard is not None:
             guard.model_responded(response, responded.timestamp)
