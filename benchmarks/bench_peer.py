@@ -38,7 +38,7 @@ the world's; a table of the scratch database, on a ``psycopg`` connection with
    empty world's) / 101.
 
     .venv/bin/python -m benchmarks.bench_peer [--sizes 100,1000] [--reps 5] \
-        [--backends sqlite,postgres] [--quick] [--json]
+        [--backends sqlite,postgres] [--quick] [--only agent] [--profile] [--json]
 
 PostgreSQL is skipped, with the reason printed, when the server cannot be reached.
 """
@@ -660,6 +660,28 @@ def agent_step(kind: Kind, reps: int, empty: int, figures: Figures) -> None:
     )
 
 
+def profile_agent_step(kind: Kind, top: int = 30) -> None:
+    """Where the agent step's time goes: cProfile over five recorded runs of it, the
+    little_es and eventsourcing functions by cumulative time (printed, not a figure)."""
+    import cProfile
+    import io
+    import pstats
+
+    profile = cProfile.Profile()
+    for _ in range(5):
+        wf = agent_workflow()[0]
+        with kind.place() as place, kind.world(place) as world:
+            gc.collect()
+            profile.enable()
+            asyncio.run(run_workflow(world, wf, {}, run_id=RUN_ID))
+            profile.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(profile, stream=out)
+    stats.sort_stats("cumulative").print_stats(r"little_es|eventsourcing", top)
+    print(f"{kind.name}: profile of the agent step (5 runs, cProfile, cumulative)")
+    print(out.getvalue().rstrip())
+
+
 def empty_world_bytes(kind: Kind) -> int:
     """The bytes of a world opened and closed with nothing in it."""
     with kind.place() as place:
@@ -675,13 +697,17 @@ def measure(kind: Kind, args: argparse.Namespace, figures: Figures) -> None:
     # Warm up: imports, the first world's tables, the driver.
     with kind.place() as place, kind.world(place) as world:
         asyncio.run(run_workflow(world, steps_workflow(10), {}, run_id=RUN_ID))
-    for n in args.sizes:
-        per_step(kind, n, args.reps, figures)
+    if args.only != "agent":
+        for n in args.sizes:
+            per_step(kind, n, args.reps, figures)
     empty = empty_world_bytes(kind)
-    for n in args.bytes_sizes:
-        bytes_per_step(kind, n, empty, figures)
-    resume(kind, args.reps, figures)
+    if args.only != "agent":
+        for n in args.bytes_sizes:
+            bytes_per_step(kind, n, empty, figures)
+        resume(kind, args.reps, figures)
     agent_step(kind, args.reps, empty, figures)
+    if args.profile:
+        profile_agent_step(kind)
     print(f"{kind.name}: measured in {time.perf_counter() - t0:.0f} s", flush=True)
 
 
@@ -727,6 +753,16 @@ def main(argv: list[str] | None = None) -> int:
         "--dsn",
         default=os.environ.get("LITTLE_ES_TEST_POSTGRES_DSN", DEFAULT_DSN),
         help="PostgreSQL server (a scratch database is created there and dropped)",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also print a cProfile of the agent step (where its time goes)",
+    )
+    parser.add_argument(
+        "--only",
+        choices=("agent",),
+        help="measure only this figure (agent: figure 4), e.g. to alternate two checkouts",
     )
     add_json_option(parser)
     args = parser.parse_args(argv)

@@ -106,6 +106,7 @@ WIRE_KEYS: Final[Mapping[str, str]] = MappingProxyType(
         "response": "r",
         "result": "x",
         "conversation_hash": "h",
+        "implied": "d",
     }
 )
 """The key each of these fields is stored under, in every event class (a user's too).
@@ -480,14 +481,25 @@ class ModelCalled(HarnessEvent):
 
     ``conversation_hash`` chains the whole conversation up to and including
     these messages, so a replayed conversation can be checked against it.
+
+    Of the messages added, the first ``implied`` are not stored: the session's
+    earlier events imply them (the previous turn's assistant message is its
+    ``harness.model.responded``, each tool message a ``harness.tool_call``
+    result), and ``messages`` holds the rest, those no earlier event holds
+    (turn 1's system text and prompt). A reader rebuilds them with
+    :func:`little_es.harness.session.sent_messages`; a resumed session rebuilds
+    them from those events and checks them against the hash, as every turn.
+    ``implied`` 0 (not stored) is the form logs written before hold, where
+    ``messages`` is every message added.
     """
 
     wire_name: ClassVar[str] = "harness.model.called"
     write_ahead: ClassVar[bool] = True
 
     turn: int = Field(ge=1)
-    messages: tuple[Message, ...]
+    messages: tuple[Message, ...] = ()
     conversation_hash: str
+    implied: int = Field(default=0, ge=0)
 
 
 class ModelResponded(HarnessEvent):

@@ -556,3 +556,46 @@ def test_the_mapper_refuses_an_event_of_another_application_by_name(world: World
         mapper.to_stored_event(foreign)
     with pytest.raises(UnstorableEventError, match="a world stores little_es events only"):
         world.app.save(foreign)
+
+
+# ------------------------------------------------------------ compact harness events
+
+
+def _compact_session(world: World) -> HarnessSession:
+    session = HarnessSession("run_compact", "a", 1)
+    session.trigger(
+        SessionStarted,
+        run_id="run_compact",
+        step_path="a",
+        attempt=1,
+        manifest={"provider": "p", "model_id": "m"},
+        manifest_hash="h",
+    )
+    response = ModelResponse(content="yo", provider="p", model="m")
+    session.trigger(ModelResponded, turn=1, response=response)
+    session.trigger(ModelCalled, turn=2, implied=1, conversation_hash="c")
+    world.save(session)
+    return session
+
+
+def _payload_of(world: World, stream: UUID, version: int) -> dict[str, Any]:
+    row = world.select_stored(stream)[version - 1]
+    state = unframe(stream, version, row.topic, row.state)
+    decoded: dict[str, Any] = orjson.loads(state)
+    return decoded
+
+
+def test_a_call_whose_messages_are_implied_stores_their_count(world: World) -> None:
+    session = _compact_session(world)
+    # A call whose messages are implied stores their count, not them.
+    assert set(_payload_of(world, session.id, 3)) == {"t", "u", "h", "d"}
+    # A response stores its provider and model, even the manifest's: each row reads alone.
+    stored = _payload_of(world, session.id, 2)["r"]
+    assert (stored["provider"], stored["model"]) == ("p", "m")
+    events = world.read_stream(session.id)
+    called = events[2]
+    assert isinstance(called, ModelCalled) and (called.implied, called.messages) == (1, ())
+    fresh = PydanticMapper(transcoder=OrjsonTranscoder())
+    alone = fresh.decode(world.select_stored(session.id)[1])
+    assert isinstance(alone, ModelResponded)
+    assert (alone.response.provider, alone.response.model) == ("p", "m")

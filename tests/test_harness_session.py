@@ -35,7 +35,12 @@ from little_es.events import (
 from little_es.harness import session as session_module
 from little_es.harness.manifest import assert_session_manifest_consistent, compute_manifest
 from little_es.harness.model import ScriptedModel, ScriptedReply
-from little_es.harness.session import SessionOutcome, conversation_hash, run_agent_session
+from little_es.harness.session import (
+    SessionOutcome,
+    conversation_hash,
+    run_agent_session,
+    sent_messages,
+)
 from little_es.harness.tools import Tool, ToolContext, tool
 from little_es.ids import session_stream_id
 from little_es.values import ModelRequest, ToolCall, Usage
@@ -160,20 +165,24 @@ async def test_records_every_call_in_order_with_message_deltas(world: World) -> 
 
     called = [e for e in events if isinstance(e, ModelCalled)]
     assert [c.turn for c in called] == [1, 2, 3]
-    # Turn 1 carries the system and user prompts; later turns only what was added.
+    # Turn 1 stores the system and user prompts; a later turn's messages (the
+    # previous response and its tool results) are implied by their own events.
     assert [m.role for m in called[0].messages] == ["system", "user"]
-    assert [m.role for m in called[1].messages] == ["assistant", "tool", "tool"]
-    assert [m.role for m in called[2].messages] == ["assistant", "tool"]
-    assert called[1].messages[1].content == "value of alpha"
-    assert called[2].messages[1].content == "3"
+    assert [(c.implied, c.messages) for c in called] == [(0, called[0].messages), (3, ()), (2, ())]
+    deltas = sent_messages(events)
+    assert [m.role for m in deltas[1]] == ["system", "user"]
+    assert [m.role for m in deltas[2]] == ["assistant", "tool", "tool"]
+    assert [m.role for m in deltas[3]] == ["assistant", "tool"]
+    assert deltas[2][1].content == "value of alpha"
+    assert deltas[3][1].content == "3"
     # The deltas concatenated are exactly the conversation each model call was sent.
     sent = [r.messages for r in model.requests]
-    assert sent[2] == called[0].messages + called[1].messages + called[2].messages
+    assert sent[2] == deltas[1] + deltas[2] + deltas[3]
     assert outcome.conversation == sent[2] + (outcome.conversation[-1],)
     # The hash chain covers the whole conversation up to each call.
     h = ""
     for c in called:
-        h = conversation_hash(h, c.messages)
+        h = conversation_hash(h, deltas[c.turn])
         assert c.conversation_hash == h
 
     started = [e for e in events if isinstance(e, ToolCallStarted)]

@@ -17,25 +17,51 @@ topic spelled out in every row), which a world keeps when it opens such a file.
 Today's code imports each export (chains checked) or opens the directory, folds it,
 resumes its failed run without running anything committed again, and appends to it in
 today's form; the mixed world verifies.
+
+``tests/fixtures/agent_log.jsonl`` (:mod:`tests._agent_log`) holds agent sessions of log
+format 3 as the code of e1c70af stored them: each ``harness.model.called`` with the
+assistant message and tool results again, each ``harness.model.responded`` with its
+provider and model. A session killed mid-turn resumes from it calling only what was in
+flight, and continues in the compact form (messages implied); a tool result edited in
+that form is refused before anything runs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import io
 import shutil
 import sqlite3
+import uuid
 from pathlib import Path
+from typing import Any
 
+import _agent_log
+import orjson
 import pytest
 from _verbose_log import CALLS, DONE_RUN, HALF_RUN, MODEL, PUBLISH_FAILS, WORKFLOW
 
-from little_es import import_world, local_world, replay_run, run_workflow, verify_world
+from little_es import (
+    export_world,
+    import_world,
+    local_world,
+    replay_run,
+    run_workflow,
+    verify_world,
+)
+from little_es.chain import FRAME_SIZE, GENESIS, feed, frame, payload_of, row_digest, seed
+from little_es.errors import ConversationDivergedError
+from little_es.events import Event, ModelCalled, ModelResponded
+from little_es.harness.session import conversation_hash, sent_messages
+from little_es.ids import session_stream_id
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FIXTURE = FIXTURES / "verbose_log.jsonl"
 CHAINED = FIXTURES / "chained_log.jsonl"
 COMPACT = FIXTURES / "compact_log.jsonl"
 SQLITE_WORLD = FIXTURES / "sqlite_world"
+AGENT_LOG = FIXTURES / "agent_log.jsonl"
 
 
 @pytest.fixture(
@@ -140,3 +166,196 @@ async def test_a_file_in_eventsourcings_layout_keeps_it(tmp_path: Path) -> None:
         assert verify_world(world).ok
     assert len(_payloads(directory, "StepCompleted")) == before + 2
     assert not {"little_es_events", "little_es_streams"} & _tables(directory)
+
+
+# ------------------------------------------------------------ agent sessions of format 3
+
+
+@pytest.fixture
+def agent_dir(tmp_path: Path) -> Path:
+    directory = tmp_path / "world"
+    world = local_world(directory)
+    with AGENT_LOG.open("rb") as source:
+        import_world(world, source)
+    world.close()
+    _agent_log.CALLS.clear()
+    _agent_log.KILL["turn"] = None
+    return directory
+
+
+def _session_payloads(directory: Path, run_id: str) -> dict[tuple[str, int], dict[str, Any]]:
+    """The session's stored payloads by (topic, turn), from the world's own rows."""
+    world = local_world(directory)
+    try:
+        rows = world.select_stored(session_stream_id(run_id, "plan", 1))
+        out: dict[tuple[str, int], dict[str, Any]] = {}
+        for row in rows:
+            payload = orjson.loads(payload_of(bytes(row.state)))
+            out[(row.topic, payload.get("u", 0))] = payload
+        return out
+    finally:
+        world.close()
+
+
+def _session_events(directory: Path, run_id: str) -> list[Event]:
+    world = local_world(directory)
+    try:
+        return world.read_stream(session_stream_id(run_id, "plan", 1))
+    finally:
+        world.close()
+
+
+def test_the_agent_fixture_is_in_its_form() -> None:
+    # If this fails, the fixture was regenerated with newer code and tests nothing.
+    lines = [orjson.loads(line) for line in AGENT_LOG.read_bytes().splitlines()]
+    called = [orjson.loads(x["payload"]) for x in lines if x.get("topic") == ModelCalled.wire_name]
+    responded = [
+        orjson.loads(x["payload"]) for x in lines if x.get("topic") == ModelResponded.wire_name
+    ]
+    assert len(called) == 4 + 3 and len(responded) == 4 + 2
+    assert all("m" in c and "d" not in c for c in called)
+    assert any(c["u"] == 2 and c["m"][0]["role"] == "assistant" for c in called)
+    assert all("provider" in r["r"] and "model" in r["r"] for r in responded)
+
+
+def test_an_agent_log_of_format_3_reads_as_written(agent_dir: Path) -> None:
+    world = local_world(agent_dir)
+    done = replay_run(world, _agent_log.DONE_RUN).state
+    world.close()
+    assert done.status == "completed"
+    assert (done.usage.input_tokens, done.usage.output_tokens, done.usage.calls) == (100, 10, 4)
+    events = _session_events(agent_dir, _agent_log.DONE_RUN)
+    responses = {e.turn: e.response for e in events if isinstance(e, ModelResponded)}
+    assert [(r.provider, r.model) for r in responses.values()] == [
+        ("scripted", "agent-log-1"),
+        ("scripted", "agent-log-1-0925"),
+        ("scripted", "agent-log-1"),
+        ("scripted", "agent-log-1"),
+    ]
+    # Every message stored, as written; they chain to the recorded hashes.
+    called = [e for e in events if isinstance(e, ModelCalled)]
+    sent = sent_messages(events)
+    h = ""
+    for c in called:
+        assert c.implied == 0 and sent[c.turn] == c.messages
+        h = conversation_hash(h, c.messages)
+        assert c.conversation_hash == h
+    assert [m.role for m in sent[2]] == ["assistant", "tool", "tool"]
+
+
+async def test_an_agent_log_of_format_3_resumes_calling_only_what_was_in_flight(
+    agent_dir: Path,
+) -> None:
+    world = local_world(agent_dir)
+    requests = len(_agent_log.MODEL.requests)
+    resumed = await run_workflow(world, _agent_log.WORKFLOW, {}, run_id=_agent_log.HALF_RUN)
+    again = await run_workflow(world, _agent_log.WORKFLOW, {}, run_id=_agent_log.DONE_RUN)
+    assert resumed.state.status == again.state.status == "completed"
+    # Turn 3's model call was in flight; turns 1-2 and their tools are answered from the log.
+    assert dict(_agent_log.CALLS) == {"model:3": 1, "fail:read-only": 1, "model:4": 1}
+    assert resumed.state.usage == again.state.usage
+    report = verify_world(world)
+    world.close()
+    assert report.ok, report
+
+    # What was appended is in the compact form, beside the rows of the old one.
+    payloads = _session_payloads(agent_dir, _agent_log.HALF_RUN)
+    assert "m" in payloads[("harness.model.called", 3)]
+    turn_4 = payloads[("harness.model.called", 4)]
+    assert "m" not in turn_4 and turn_4["d"] == 2  # turn 3's answer and its tool's failure
+    turn_3 = payloads[("harness.model.responded", 3)]
+    assert (turn_3["r"]["provider"], turn_3["r"]["model"]) == ("scripted", "agent-log-1")
+
+    # The mixed session reads back whole: the last request is every message it sent.
+    events = _session_events(agent_dir, _agent_log.HALF_RUN)
+    sent = sent_messages(events)
+    last = _agent_log.MODEL.requests[requests:][-1]
+    assert sent[1] + sent[2] + sent[3] + sent[4] == last.messages
+    assert [m.role for m in sent[4]] == ["assistant", "tool"]
+    assert sent[4][1].content == "error: RuntimeError: cannot: read-only"
+    responses = [e.response for e in events if isinstance(e, ModelResponded)]
+    assert [r.model for r in responses] == [
+        "agent-log-1",
+        "agent-log-1-0925",
+        "agent-log-1",
+        "agent-log-1",
+    ]
+
+
+def _edited_world(
+    directory: Path, tmp_path: Path, stream_id: uuid.UUID, old: str, new: str
+) -> Path:
+    """A copy of the world at ``directory`` whose stream has ``old`` replaced by ``new`` in its
+    payloads, every frame and the head recomputed (as a writer that knows the format could):
+    the chain cannot tell, the session's own checks must."""
+    world = local_world(directory)
+    out = io.BytesIO()
+    export_world(world, out)
+    world.close()
+    lines = [orjson.loads(line) for line in out.getvalue().splitlines()]
+    sid = str(stream_id)
+    prev, running = GENESIS, seed(stream_id)
+    edited = 0
+    for line in lines:
+        if line["type"] == "event" and line["stream_id"] == sid:
+            if old in line["payload"]:
+                edited += 1
+            payload = line["payload"].replace(old, new).encode()
+            line["payload"] = payload.decode()
+            data = frame(prev, stream_id, line["version"], line["topic"], payload)
+            line["frame"] = data[:FRAME_SIZE].hex()
+            feed(running, line["topic"], data)
+            prev = row_digest(data)
+    assert edited == 1
+    stream = next(x for x in lines if x["type"] == "stream" and x["stream_id"] == sid)
+    stream["head"] = {**stream["head"], "digest": prev.hex(), "running": running.digest().hex()}
+    body = b"".join(orjson.dumps(line) + b"\n" for line in lines[:-1])
+    trailer = dict(lines[-1])
+    trailer["sha256"] = hashlib.sha256(body).hexdigest()
+    target = tmp_path / "edited"
+    copy = local_world(target)
+    import_world(copy, io.BytesIO(body + orjson.dumps(trailer) + b"\n"))
+    copy.close()
+    return target
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "turn"),
+    [
+        # Turn 3's tool failure, which turn 4's compact harness.model.called implies.
+        ("cannot: read-only", "cannot: read-write", 4),
+        # Turn 3's response (its assistant message, implied the same way).
+        ('"arguments":{"reason":"read-only"}', '"arguments":{"reason":"read-write"}', 3),
+        # How many messages turn 4 leaves to the earlier events.
+        ('"d":2', '"d":1', 4),
+    ],
+    ids=["tool failure", "response", "implied count"],
+)
+async def test_an_edited_implied_message_is_refused_before_anything_runs(
+    agent_dir: Path, tmp_path: Path, old: str, new: str, turn: int
+) -> None:
+    # Resumed and killed again inside turn 4's model call: that turn's harness.model.called
+    # is compact (it implies turn 3's answer and its tool's failure), beside the old form
+    # of turns 1-3.
+    world = local_world(agent_dir)
+    _agent_log.KILL["turn"] = 4
+    with pytest.raises(_agent_log.Killed):
+        await run_workflow(world, _agent_log.WORKFLOW, {}, run_id=_agent_log.HALF_RUN)
+    _agent_log.KILL["turn"] = None
+    world.close()
+    session_id = session_stream_id(_agent_log.HALF_RUN, "plan", 1)
+    target = _edited_world(agent_dir, tmp_path, session_id, old, new)
+    _agent_log.CALLS.clear()
+    world = local_world(target)
+    rows = len(world.select_stored(session_id))
+    for _ in range(2):  # refused every time, nothing appended, nothing called
+        with pytest.raises(ConversationDivergedError, match=rf"turn {turn}"):
+            await run_workflow(world, _agent_log.WORKFLOW, {}, run_id=_agent_log.HALF_RUN)
+        assert len(world.select_stored(session_id)) == rows
+    world.close()
+    assert dict(_agent_log.CALLS) == {}
+    # The log as it was (a backup) resumes, calling only turn 4's model.
+    world = local_world(agent_dir)
+    done = await run_workflow(world, _agent_log.WORKFLOW, {}, run_id=_agent_log.HALF_RUN)
+    world.close()
+    assert done.state.status == "completed" and dict(_agent_log.CALLS) == {"model:4": 1}

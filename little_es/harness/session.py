@@ -5,7 +5,11 @@ and tool call goes through the session's ``HarnessSession`` stream:
 
 * ``harness.model.called`` (the messages added since the previous call, and a
   hash chain over the whole conversation) is committed *before* the model is
-  called, ``harness.model.responded`` after;
+  called, ``harness.model.responded`` after. Only the messages no earlier event
+  of the session holds are stored (turn 1's system text and prompt): a later
+  turn's are the previous response's assistant message and its tool results,
+  which ``implied`` counts and the session rebuilds from those events
+  (:func:`sent_messages`);
 * ``harness.tool_call.started`` for every call of a response is committed
   *before* any of them runs; the calls then run concurrently and each
   ``succeeded``/``failed`` is committed as it finishes;
@@ -22,8 +26,10 @@ The same loop resumes a crashed session. The session id is derived from
 ``(run_id, step_path, attempt)``, so a process that restarts finds the session
 and continues it. Each call is looked up in the recorded session first: a model
 call with a recorded response and a tool call with a recorded result are
-answered from the log (and the rebuilt conversation is checked against the
-recorded hash chain); only the call that was in flight at the crash is made
+answered from the log (and the conversation rebuilt from them is checked
+against the recorded hash chain, so an edited response or tool result is a
+:class:`~little_es.errors.ConversationDivergedError` before anything is
+appended or called); only the call that was in flight at the crash is made
 again, with the same messages or the same arguments. Before each append (so
 before each model call and each batch of tool calls, which follow the commit
 of their write-ahead records) the process confirms it still holds the run's
@@ -54,7 +60,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -77,6 +83,7 @@ from little_es.errors import (
     WaitTimedOutError,
 )
 from little_es.events import (
+    Event,
     ModelCalled,
     ModelResponded,
     SessionCompleted,
@@ -108,6 +115,7 @@ __all__ = [
     "SessionOutcome",
     "conversation_hash",
     "run_agent_session",
+    "sent_messages",
 ]
 
 # Marks an argument the model sent that the recorded arguments lack.
@@ -147,6 +155,67 @@ def conversation_hash(previous: str, messages: Sequence[Message]) -> str:
         data = orjson.dumps(message.model_dump(mode="json"), option=orjson.OPT_SORT_KEYS)
         h = hashlib.sha256(h.encode() + data).hexdigest()
     return h
+
+
+def sent_messages(events: Iterable[Event]) -> dict[int, tuple[Message, ...]]:
+    """The messages each recorded model call of a session added to the conversation, by turn.
+
+    ``events`` are the session's, in stream order. A ``harness.model.called``
+    that stores its messages gives them as stored; one whose messages are
+    ``implied`` gets them rebuilt from the session's earlier events, as a
+    resumed session rebuilds them: the previous turn's assistant message, then
+    one tool message per call of that turn, in the response's order. Raises
+    :class:`ConversationDivergedError` when those events are missing or are not
+    as many messages as the call says.
+    """
+    used: set[str] = set()
+    responses: dict[int, ModelResponse] = {}
+    call_ids: dict[int, list[str]] = {}
+    results: dict[str, ToolCallSucceeded | ToolCallFailed] = {}
+    sent: dict[int, tuple[Message, ...]] = {}
+    for event in events:
+        match event:
+            case ModelResponded():
+                responses[event.turn] = event.response
+                call_ids[event.turn] = [
+                    _unique_call_id(used, c.id, event.turn) for c in event.response.tool_calls
+                ]
+            case ToolCallSucceeded() | ToolCallFailed():
+                results[event.call_id] = event
+            case ModelCalled() if event.implied == 0:
+                sent[event.turn] = event.messages
+            case ModelCalled():
+                sent[event.turn] = (
+                    *_implied(event, responses, call_ids, results),
+                    *event.messages,
+                )
+            case _:
+                pass
+    return sent
+
+
+def _implied(
+    called: ModelCalled,
+    responses: Mapping[int, ModelResponse],
+    call_ids: Mapping[int, list[str]],
+    results: Mapping[str, ToolCallSucceeded | ToolCallFailed],
+) -> list[Message]:
+    previous = responses.get(called.turn - 1)
+    rebuilt: list[Message] = []
+    if previous is not None:
+        rebuilt.append(previous.as_message())
+        for call, call_id in zip(previous.tool_calls, call_ids[called.turn - 1], strict=True):
+            result = results.get(call_id)
+            if result is None:
+                break
+            rebuilt.append(_tool_message(call, result))
+    if len(rebuilt) != called.implied:
+        raise ConversationDivergedError(
+            f"harness session {called.originator_id} turn {called.turn}: its"
+            f" harness.model.called leaves {called.implied} messages to the session's earlier"
+            f" events, which hold {len(rebuilt)}: the log is not one little_es wrote"
+        )
+    return rebuilt
 
 
 async def run_agent_session(
@@ -300,13 +369,23 @@ class _SessionLoop:
             sent = len(self.conversation)
             called = session.called.get(turn)
             if called is None:
-                session.trigger(ModelCalled, turn=turn, messages=tuple(new), conversation_hash=h)
-            elif called.conversation_hash != h:
+                if turn == 1:
+                    session.trigger(ModelCalled, turn=1, messages=tuple(new), conversation_hash=h)
+                else:
+                    # Every message since turn 1 is the previous response and its tool
+                    # results, which their own events hold: rebuilt, not stored twice.
+                    session.trigger(ModelCalled, turn=turn, implied=len(new), conversation_hash=h)
+            elif (
+                called.conversation_hash != h
+                or called.implied + len(called.messages) != len(new)
+                or (turn == 1 and called.implied)
+            ):
                 raise ConversationDivergedError(
                     f"{self._where(turn)}: the rebuilt conversation does not match the one"
-                    " recorded in harness.model.called (hash chain differs): the prompt or the"
-                    " recorded history changed since the session started; resume with the"
-                    " original prompt, or start a new run"
+                    " recorded in harness.model.called (its hash chain or message count"
+                    " differs): the prompt or the"
+                    " recorded history (a response or a tool result) changed since the session"
+                    " started; resume with the original prompt, or start a new run"
                 )
             # Committed before the model is called, in one transaction with what
             # nothing ran between: SessionStarted, or the previous turn's last result.
@@ -360,7 +439,7 @@ class _SessionLoop:
 
     async def _tool_calls(self, turn: int, calls: tuple[ToolCall, ...]) -> None:
         session = self.session
-        call_ids = [self._unique_call_id(call.id, turn) for call in calls]
+        call_ids = [_unique_call_id(self.used_call_ids, call.id, turn) for call in calls]
         for call_id, call in zip(call_ids, calls, strict=True):
             started = session.tool_calls.get(call_id)
             if started is not None and (
@@ -418,17 +497,6 @@ class _SessionLoop:
             raise StepSuspendedError(tuple(run for s in suspended for run in s.runs))
         for call_id, call in zip(call_ids, calls, strict=True):
             self.conversation.append(_tool_message(call, session.tool_results[call_id]))
-
-    def _unique_call_id(self, model_call_id: str, turn: int) -> str:
-        # Some models reuse ids across turns (call_0 every turn); the recorded id
-        # must name one call of the session, and must be the same on every resume.
-        call_id = model_call_id
-        n = 1
-        while call_id in self.used_call_ids:
-            call_id = f"{model_call_id}#t{turn}" if n == 1 else f"{model_call_id}#t{turn}.{n}"
-            n += 1
-        self.used_call_ids.add(call_id)
-        return call_id
 
     def _tool_context(self, call_id: str) -> ToolContext:
         return ToolContext(
@@ -581,6 +649,19 @@ class _SessionLoop:
             replayed_model_calls=self.replayed_model_calls,
             replayed_tool_calls=self.replayed_tool_calls,
         )
+
+
+def _unique_call_id(used: set[str], model_call_id: str, turn: int) -> str:
+    # Some models reuse ids across turns (call_0 every turn); the recorded id
+    # must name one call of the session, and must be the same on every resume
+    # (and in sent_messages, which pairs calls with their results the same way).
+    call_id = model_call_id
+    n = 1
+    while call_id in used:
+        call_id = f"{model_call_id}#t{turn}" if n == 1 else f"{model_call_id}#t{turn}.{n}"
+        n += 1
+    used.add(call_id)
+    return call_id
 
 
 def _merged(stops: Sequence[RunWaitingError | WaitTimedOutError]) -> RunStoppedError:

@@ -25,8 +25,10 @@ from uuid import UUID
 
 from little_es.backends.base import RunSummary
 from little_es.domain import LoopCycle, OuterLoop
+from little_es.errors import ConversationDivergedError
 from little_es.events import (
     Event,
+    HarnessEvent,
     ModelCalled,
     ModelResponded,
     SessionStarted,
@@ -37,6 +39,7 @@ from little_es.events import (
     ToolCallStarted,
     ToolCallSucceeded,
 )
+from little_es.harness.session import sent_messages
 from little_es.materialize import MaterializedRunState, materialize_run_state
 from little_es.orchestrator import RunTree, run_tree
 from little_es.outer_loop import (
@@ -264,6 +267,23 @@ def run_page(world: World, run_id: str) -> RunPage:
     )
 
 
+def _sent_by_session(events: list[Event]) -> dict[UUID, dict[int, tuple[Message, ...]]]:
+    """What each model call of each session was sent, the messages its
+    ``harness.model.called`` leaves to earlier events rebuilt (:func:`sent_messages`)."""
+    by_session: dict[UUID, list[Event]] = {}
+    for event in events:
+        if isinstance(event, HarnessEvent):
+            by_session.setdefault(event.originator_id, []).append(event)
+    sent: dict[UUID, dict[int, tuple[Message, ...]]] = {}
+    for session_id, session_events in by_session.items():
+        try:
+            sent[session_id] = sent_messages(session_events)
+        except ConversationDivergedError:
+            # A page shows what is stored; resuming the session refuses such a log.
+            continue
+    return sent
+
+
 def _timeline(
     world: World, events: list[Event]
 ) -> tuple[tuple[StepAttempt, ...], dict[UUID, SessionView]]:
@@ -272,6 +292,7 @@ def _timeline(
     sessions: dict[UUID, SessionView] = {}
     turns: dict[tuple[UUID, int], ModelCall] = {}
     tools: dict[tuple[UUID, str], ToolCallView] = {}
+    sent = _sent_by_session(events)
     for event in events:
         match event:
             case StepStarted():
@@ -324,7 +345,8 @@ def _timeline(
                 if found is not None:
                     found.calls += 1
                     continue
-                call = turns[key] = ModelCall(event.turn, event.timestamp, event.messages)
+                messages = sent.get(event.originator_id, {}).get(event.turn, event.messages)
+                call = turns[key] = ModelCall(event.turn, event.timestamp, messages)
                 if event.originator_id in sessions:
                     sessions[event.originator_id].turns.append(call)
             case ModelResponded():
