@@ -234,6 +234,12 @@ TOPICS_TABLE = "little_es_topics"
 """The topics of :data:`EVENTS_TABLE`'s rows, by the integer each row holds."""
 ROWS_VIEW = "little_es_rows"
 """A view of :data:`EVENTS_TABLE` with stream ids and topics spelled out, to read by hand."""
+# One stream's (version, topic, state) rows in the compact layout, by its id in hex.
+_SELECT_COMPACT_ROWS = (
+    f"SELECT e.version, t.topic, e.state FROM {EVENTS_TABLE} e"
+    f" JOIN {TOPICS_TABLE} t ON t.id = e.topic"
+    f" WHERE e.stream = (SELECT id FROM {STREAMS_TABLE} WHERE stream_id = ?)"
+)
 _CREATE_HEADS = (
     f"CREATE TABLE IF NOT EXISTS {HEADS_TABLE} (stream_id TEXT PRIMARY KEY,"
     " version INTEGER NOT NULL, digest BLOB NOT NULL, running BLOB NOT NULL) WITHOUT ROWID"
@@ -338,10 +344,16 @@ class LittleSQLiteApplicationRecorder(SQLiteApplicationRecorder):
         heads: Mapping[UUID, Head] | None = None,
         **kwargs: Any,
     ) -> Sequence[int] | None:
-        ids = super()._insert_events(c, stored_events, **kwargs)
+        ids = self._insert_rows(c, stored_events, **kwargs)
         if heads:
             c.executemany(_UPSERT_HEAD, [(sid.hex, *head) for sid, head in heads.items()])
         return ids
+
+    def _insert_rows(
+        self, c: SQLiteCursor, stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> Sequence[int] | None:
+        """Insert the rows into the events table; their notification ids."""
+        return super()._insert_events(c, stored_events, **kwargs)
 
     def insert_events(
         self, stored_events: Sequence[StoredEvent], *, durable: bool = True, **kwargs: Any
@@ -459,21 +471,15 @@ class CompactSQLiteApplicationRecorder(LittleSQLiteApplicationRecorder):
     @property
     def select_rows_statements(self) -> tuple[str, str]:
         """See :attr:`LittleSQLiteApplicationRecorder.select_rows_statements`."""
-        base = (
-            f"SELECT e.version, t.topic, e.state FROM {EVENTS_TABLE} e"
-            f" JOIN {TOPICS_TABLE} t ON t.id = e.topic"
-            f" WHERE e.stream = (SELECT id FROM {STREAMS_TABLE} WHERE stream_id = ?) "
+        return (
+            _SELECT_COMPACT_ROWS + " ORDER BY e.version",
+            _SELECT_COMPACT_ROWS + " AND e.version > ? ORDER BY e.version",
         )
-        return base + "ORDER BY e.version", base + "AND e.version > ? ORDER BY e.version"
 
-    def _insert_events(
-        self,
-        c: SQLiteCursor,
-        stored_events: Sequence[StoredEvent],
-        *,
-        heads: Mapping[UUID, Head] | None = None,
-        **kwargs: Any,
+    def _insert_rows(
+        self, c: SQLiteCursor, stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> Sequence[int] | None:
+        """Insert the rows, each with the integers of its stream id and topic."""
         ids = []
         for s in stored_events:
             sid = s.originator_id
@@ -487,8 +493,6 @@ class CompactSQLiteApplicationRecorder(LittleSQLiteApplicationRecorder):
                 ),
             )
             ids.append(c.lastrowid)
-        if heads:
-            c.executemany(_UPSERT_HEAD, [(sid.hex, *head) for sid, head in heads.items()])
         return ids
 
     def _key(self, c: SQLiteCursor, name: str, *, stream: bool) -> int:
@@ -535,11 +539,7 @@ class CompactSQLiteApplicationRecorder(LittleSQLiteApplicationRecorder):
         limit: int | None = None,
     ) -> Sequence[StoredEvent]:
         """eventsourcing's ``select_events`` on this layout."""
-        statement = (
-            f"SELECT e.version, t.topic, e.state FROM {EVENTS_TABLE} e"
-            f" JOIN {TOPICS_TABLE} t ON t.id = e.topic"
-            f" WHERE e.stream = (SELECT id FROM {STREAMS_TABLE} WHERE stream_id = ?)"
-        )
+        statement = _SELECT_COMPACT_ROWS
         params: list[Any] = [
             originator_id.hex if isinstance(originator_id, UUID) else originator_id
         ]
