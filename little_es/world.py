@@ -834,8 +834,8 @@ class World:
                 self._snapshot(aggregate)
 
     def _snapshot(self, aggregate: Aggregate) -> None:
-        """Store a snapshot framed like a row whose ``prev`` is the digest of the event it
-        stands for, so a load can tell it belongs to the stream it is read with."""
+        """Store a snapshot framed like a row that links to the event it stands for, so a
+        load can tell it belongs to the stream it is read with."""
         assert self.app.snapshots is not None
         snapshot = aggregate.take_snapshot()
         version = snapshot.originator_version
