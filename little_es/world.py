@@ -1094,7 +1094,7 @@ class World:
     def has_events_after(self, stream_id: UUID, version: int) -> bool:
         """Whether the stream holds an event after ``version``: one indexed query, no read of
         the stream (a driver asks it before each step and call, to see a foreign append)."""
-        return bool(self.app.recorder.select_events(stream_id, gt=version, limit=1))
+        return self.backend.has_events_after(stream_id, version)
 
     def select_stored(self, stream_id: UUID) -> Sequence[StoredEvent]:
         """The raw stored rows of one stream (for exports and benchmarks)."""

@@ -140,6 +140,7 @@ class PostgresBackend(Backend):
         )
         self._every = base + SQL(" ORDER BY originator_version")
         self._later = base + SQL(" AND originator_version > %s ORDER BY originator_version")
+        self._next = self._later + SQL(" LIMIT 1")
 
     def select_rows(self, stream_id: UUID, after: int | None) -> Sequence[Row]:
         """One stream's rows, read from the recorder's table (see :meth:`Backend.select_rows`)."""
@@ -153,6 +154,15 @@ class PostgresBackend(Backend):
                 cursor.execute(self._later, (stream_id, after), prepare=True)
             rows: list[Row] = cursor.fetchall()
             return rows
+
+    def has_events_after(self, stream_id: UUID, version: int) -> bool:
+        """See :meth:`Backend.has_events_after`: one prepared statement on the table."""
+        with (
+            self._datastore.get_connection() as conn,
+            conn.cursor(row_factory=tuple_row) as cursor,
+        ):
+            cursor.execute(self._next, (stream_id, version), prepare=True)
+            return cursor.fetchone() is not None
 
     def stream_head(self, stream_id: UUID) -> Head | None:
         """See :meth:`Backend.stream_head`: from the heads table."""

@@ -119,6 +119,7 @@ class SQLiteBackend(Backend):
         assert isinstance(recorder, LittleSQLiteApplicationRecorder)
         self._datastore = recorder.datastore
         self._every, self._later = recorder.select_rows_statements
+        self._next = self._later + " LIMIT 1"
 
     def select_rows(self, stream_id: UUID, after: int | None) -> Sequence[Row]:
         """One stream's rows, read from the recorder's table (see :meth:`Backend.select_rows`)."""
@@ -132,6 +133,21 @@ class SQLiteBackend(Backend):
                 raw.execute(self._later, (stream_id.hex, after))
             rows: list[Row] = raw.fetchall()
             return rows
+
+    def has_events_after(self, stream_id: UUID, version: int) -> bool:
+        """See :meth:`Backend.has_events_after`: one statement on a reader connection."""
+        # The pool's reader as datastore.transaction takes it, but no BEGIN/ROLLBACK: in
+        # autocommit one SELECT is its own read transaction and sees every commit so far.
+        pool = self._datastore.pool
+        conn = pool.get_connection(is_writer=False)
+        try:
+            row = conn._sqlite_conn.execute(self._next, (stream_id.hex, version)).fetchone()
+        except Exception as exc:
+            _refuse_corruption(self.name, exc)
+            raise
+        finally:
+            pool.put_connection(conn)
+        return row is not None
 
     def stream_head(self, stream_id: UUID) -> Head | None:
         """See :meth:`Backend.stream_head`: from the heads table."""

@@ -469,6 +469,26 @@ class BackendTestCase(WorldTestCase):
         self.assertEqual(world.read_stream(run.id, after=2), everything[2:])
         self.assertEqual(world.read_stream(run.id, after=len(everything)), [])
 
+    def test_has_events_after_sees_the_stream_end_and_another_worlds_append(self) -> None:
+        """The check a driver makes before each step and call (a foreign append stops it)."""
+        world = self.world
+        run = _start_run("run_has_after")
+        _task_steps(run, 2)
+        world.save(run)
+        last = run.version
+        self.assertTrue(world.has_events_after(run.id, 0))
+        self.assertTrue(world.has_events_after(run.id, last - 1))
+        self.assertFalse(world.has_events_after(run.id, last))
+        self.assertFalse(world.has_events_after(run_stream_id("run_never_written"), 0))
+        if not self.persistent:
+            return
+        other = self.open_world()
+        theirs = other.load_run("run_has_after")
+        theirs.trigger(StepStarted, step_path="z", step_id="z", kind="task", visit=1, attempt=1)
+        other.save(theirs)
+        self.assertTrue(world.has_events_after(run.id, last))
+        self.assertFalse(world.has_events_after(run.id, last + 1))
+
     def test_timestamps_are_recorded_in_utc(self) -> None:
         before = datetime.now(UTC)
         self.world.save(_start_run("run_clock"))
