@@ -31,7 +31,9 @@ stream, appends at the next version and, if the driver appended first, fails
 the version check and tries again on the reloaded stream: the two never both
 take one version. The driver, for its part, either sees the foreign event
 before its next step, model call or tool call (:meth:`RunRecorder.refresh`:
-one indexed query for a row past its own version), or its next append fails
+one indexed query for a row past its own version, which for an agent's call
+the commit of its write-ahead record makes in its own transaction:
+:class:`~little_es.backends.base.StreamWatch`), or its next append fails
 the version check; it then reloads the stream and decides again on what it
 holds (a ``RunCancelled`` makes it stop, a user's event changes nothing). That
 retry cannot let a driver that lost its lease go on: the only other writer
@@ -89,8 +91,9 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any, Literal
 from uuid import UUID
 
@@ -131,6 +134,9 @@ from little_es.materialize import RunFold, WaitState
 from little_es.values import ArtifactRef, Budget, ErrorInfo
 from little_es.waits import WaitRequest, model_ref, schema_digest
 from little_es.world import World
+
+NOTHING_READ: Mapping[UUID, int] = MappingProxyType({})
+"""``refresh``'s default ``unchanged``: no commit read the run's stream for the check."""
 
 OUTPUT_INLINE_LIMIT = 64 * 1024
 """Outputs (and run inputs) whose JSON is larger than this many bytes are stored as artifacts."""
@@ -274,19 +280,29 @@ class RunRecorder:
         )
         return recorder
 
-    def refresh(self) -> bool:
+    def refresh(self, unchanged: Mapping[UUID, int] = NOTHING_READ) -> bool:
         """Fold what another process appended to the run's stream since this recorder's
         version (a ``RunCancelled``, a user's event); return whether there was anything.
 
         Costs one indexed query when nothing was appended; the stream is read
-        (and verified) only when something was.
+        (and verified) only when something was. No query at all when ``unchanged``
+        says the commit just before found nothing past this very version
+        (:class:`~little_es.backends.base.StreamWatch`).
         """
         # The stream's stored version is the aggregate's only once nothing is held.
         self.flush()
+        if unchanged.get(self.run.id) == self.run.version:
+            return False
         if not self.world.has_events_after(self.run.id, self.run.version):
             return False
         self.world.catch_up(self.run)
         return True
+
+    def watched(self) -> tuple[UUID, int] | None:
+        """The run's stream and the version a commit may read it past for :meth:`refresh`
+        (:class:`~little_es.backends.base.StreamWatch`); None while events are held, whose
+        commit moves the stored version first."""
+        return None if self._held else (self.run.id, self.run.version)
 
     def reload(self) -> None:
         """Load the run's stream afresh, after an append of this recorder lost the version

@@ -53,7 +53,7 @@ from little_es.aggregates import (
     decode_domain_event,
     is_domain_topic,
 )
-from little_es.backends.base import Backend, Lease, check_leases
+from little_es.backends.base import Backend, Lease, StreamWatch, check_leases
 from little_es.backends.memory import MemoryBackend
 from little_es.backends.sqlite import SQLiteBackend, Synchronous
 from little_es.chain import (
@@ -659,11 +659,13 @@ class World:
 
     # ------------------------------------------------------------------ writing
 
-    def save(self, *aggregates: Aggregate | DomainStream) -> None:
+    def save(self, *aggregates: Aggregate | DomainStream, watch: StreamWatch | None = None) -> None:
         """Append every aggregate's pending events in one transaction.
 
         A :class:`~little_es.aggregates.DomainStream` carries a user's eventsourcing
         aggregate's new events, committed with the step's ``StepCompleted``.
+        With ``watch``, the transaction also reads the watched streams for rows past
+        the versions given (:class:`~little_es.backends.base.StreamWatch`).
 
         Each row is framed with the stream's hash chain (:mod:`little_es.chain`).
         The commit is fsynced unless it holds only write-ahead records
@@ -701,7 +703,7 @@ class World:
         durable = not all(getattr(type(e), "write_ahead", False) for e in pending)
         before_append(pending)
         try:
-            self._insert(stored, durable, heads, aggregates)
+            self._insert(stored, durable, heads, aggregates, watch)
         except _RecordedElsewhereError:
             # Another world object or process recorded this new world first.
             self._unrecorded = False
@@ -710,7 +712,7 @@ class World:
             batches = [(a, e) for a, e in batches if a.id != record_id]
             heads.pop(record_id, None)
             stored = [s for s in stored if s.originator_id != record_id]
-            self._insert(stored, durable, heads, tuple(a for a, _ in batches))
+            self._insert(stored, durable, heads, tuple(a for a, _ in batches), watch)
         for aggregate, _ in batches:
             if aggregate.id in heads:
                 head, running = heads[aggregate.id]
@@ -758,12 +760,16 @@ class World:
         durable: bool,
         heads: dict[UUID, tuple[Head, Running]],
         aggregates: Sequence[Aggregate | DomainStream],
+        watch: StreamWatch | None = None,
     ) -> None:
         try:
             # The heads move with the commits that hold a result: a commit of write-ahead
             # records alone, which a power cut may lose anyway, saves a second table write.
             moved = {sid: head for sid, (head, _) in heads.items()} if durable else {}
-            self.app.recorder.insert_events(stored, durable=durable, heads=moved)
+            if watch is None:
+                self.app.recorder.insert_events(stored, durable=durable, heads=moved)
+            else:
+                self.app.recorder.insert_events(stored, durable=durable, heads=moved, watch=watch)
         except IntegrityError as exc:
             if self._unrecorded and self._load(WorldRecord, world_stream_id()) is not None:
                 raise _RecordedElsewhereError from exc

@@ -592,6 +592,8 @@ class MySQLStorage(conformance.WorldTestCase):
 
 @pytest.mark.mariadb
 class TestMySQLWorld(MySQLStorage, conformance.BackendTestCase):
+    answers_watch = False  # each check makes its own query (see mysql._insert_stored_events)
+
     def world_url(self) -> str:
         return self.url
 

@@ -7,6 +7,7 @@ The kill tests, with real processes, are in ``test_operate_kill.py``.
 import asyncio
 from decimal import Decimal
 from typing import Any
+from uuid import UUID
 
 import pytest
 from rich.console import Console
@@ -160,6 +161,26 @@ def test_a_cancel_stops_an_agent_before_its_next_model_call_and_tool_call(world:
     resumed = _run(world, wf, "run_ac", resume_cancelled=True)
     assert resumed.state.status == "completed"
     assert scripted.calls == 4  # turns 2, 3 and 4, each once
+
+
+def test_the_check_before_each_call_is_read_by_the_commit_just_before_it(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No query of its own before a call: the commit of the call's write-ahead record read
+    the run's stream in its transaction (StreamWatch), and nothing ran in between."""
+    looked.clear()
+    asked: list[int] = []
+    real = World.has_events_after
+
+    def counted(self: World, stream_id: UUID, version: int) -> bool:
+        asked.append(version)
+        return real(self, stream_id, version)
+
+    monkeypatch.setattr(World, "has_events_after", counted)
+    model = _looping_model(4)
+    done = _run(world, _agent_wf(model), "run_watched", {})
+    assert done.state.status == "completed" and model.calls == 4
+    assert asked == []  # 4 model calls and 3 batches of tool calls, each checked
 
 
 # ------------------------------------------------------------------ budgets

@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
+from uuid import UUID
 
 from little_es.domain import Run
-from little_es.durability import RunRecorder
+from little_es.durability import NOTHING_READ, RunRecorder
 from little_es.engine.executor import RunWriter, outputs_from_fold
 from little_es.errors import ConcurrencyConflictError
 from little_es.materialize import RunFold
@@ -97,13 +98,17 @@ class TemporalRunWriter(RunWriter):
     def read(self) -> RunFold:
         return self._recorder().fold
 
-    def refresh(self) -> RunFold:
+    def refresh(self, unchanged: Mapping[UUID, int] = NOTHING_READ) -> RunFold:
         # Before each step and call: the cached state plus what others appended since.
         recorder = self._cache.cached(self.run_id)
         if recorder is None:
             return self.read()
-        recorder.refresh()
+        recorder.refresh(unchanged)
         return recorder.fold
+
+    def watched(self) -> tuple[UUID, int] | None:
+        recorder = self._cache.cached(self.run_id)
+        return None if recorder is None else recorder.watched()
 
     def _recorder(self) -> RunRecorder:
         recorder = self._cache.recorder(self.run_id)

@@ -7,7 +7,9 @@
   persistence settings. Its recorder's ``insert_events`` takes
   ``durable=False`` for a commit of nothing but write-ahead records
   (:attr:`~little_es.events.Event.write_ahead`), which need not wait for the
-  disk; every other commit is as durable as the backend can make it.
+  disk; every other commit is as durable as the backend can make it. It may
+  take ``watch=`` (a :class:`StreamWatch`) and answer it from the commit's own
+  transaction; a recorder that ignores it loses nothing but a saved query;
 * :meth:`Backend.select_rows` - one stream's raw rows, for the read path;
 * :meth:`Backend.stream_head` - a stream's last version and digest as written
   (:mod:`little_es.chain`), kept apart from its rows so a cut-off tail shows;
@@ -61,6 +63,36 @@ Row = tuple[int, str, bytes]
 
 ApplicationClass = type[Application[UUID]]
 """The Application a backend opens (the world's), constructed with ``env=`` settings."""
+
+
+class StreamWatch:
+    """Streams whose appends by other writers a commit looks for in its own transaction.
+
+    A driver checks its run's stream for a foreign append (a ``RunCancelled``)
+    right before each model call and batch of tool calls, and each of those
+    follows the commit of its write-ahead record with nothing run in between. A
+    commit given a watch reads the watched streams itself, after its rows went
+    in, so the check that follows it needs no query of its own (on PostgreSQL a
+    round trip per call). ``versions`` are the streams' versions as the driver
+    holds them; once the insert has committed, ``unchanged`` holds those the
+    commit found no row past. A recorder that does not know the watch leaves
+    ``unchanged`` empty, and every check then makes its own query.
+    """
+
+    __slots__ = ("unchanged", "versions")
+
+    def __init__(self, versions: Mapping[UUID, int]) -> None:
+        self.versions: dict[UUID, int] = dict(versions)
+        self.unchanged: frozenset[UUID] = frozenset()
+
+    def found(self, changed: Iterable[UUID]) -> None:
+        """Record what the commit read: ``changed`` are the streams with a row past their
+        version (called by the recorder once its transaction has committed)."""
+        self.unchanged = frozenset(self.versions) - frozenset(changed)
+
+    def unchanged_at(self) -> dict[UUID, int]:
+        """The streams found unchanged, each with the version it was read past."""
+        return {sid: self.versions[sid] for sid in self.unchanged}
 
 
 class Backend(ABC):

@@ -22,6 +22,7 @@ from little_es.backends.base import (
     RunLeases,
     RunSummary,
     RunsView,
+    StreamWatch,
     dump_state,
     load_state,
     oldest_first,
@@ -75,11 +76,18 @@ class LittlePOPOApplicationRecorder(POPOApplicationRecorder):
         stored_events: Sequence[StoredEvent],
         *,
         heads: Mapping[UUID, Head] | None = None,
+        watch: StreamWatch | None = None,
         **kwargs: Any,
     ) -> Sequence[int] | None:
         with self._database_lock:
             ids = super()._insert_events(stored_events, **kwargs)
             self.heads.update(heads or {})
+            if watch is not None:
+                watch.found(
+                    sid
+                    for sid, version in watch.versions.items()
+                    if self.select_events(sid, gt=version, limit=1)
+                )
             return ids
 
 

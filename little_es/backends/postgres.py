@@ -69,6 +69,7 @@ from little_es.backends.base import (
     RunLeases,
     RunSummary,
     RunsView,
+    StreamWatch,
     dump_state,
     dump_summary,
     load_state,
@@ -138,9 +139,12 @@ class PostgresBackend(Backend):
             schema=Identifier(datastore.schema),
             table=Identifier(recorder.events_table_name),
         )
-        self._every = base + SQL(" ORDER BY originator_version")
-        self._later = base + SQL(" AND originator_version > %s ORDER BY originator_version")
-        self._next = self._later + SQL(" LIMIT 1")
+        # Rendered once: psycopg renders a Composed query again on every execute (about a
+        # tenth of the check before each step and call, has_events_after).
+        later = base + SQL(" AND originator_version > %s ORDER BY originator_version")
+        self._every = (base + SQL(" ORDER BY originator_version")).as_bytes(None)
+        self._later = later.as_bytes(None)
+        self._next = (later + SQL(" LIMIT 1")).as_bytes(None)
 
     def select_rows(self, stream_id: UUID, after: int | None) -> Sequence[Row]:
         """One stream's rows, read from the recorder's table (see :meth:`Backend.select_rows`)."""
@@ -291,17 +295,21 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
             " ON CONFLICT (stream_id) DO UPDATE SET version = EXCLUDED.version,"
             " digest = EXCLUDED.digest, running = EXCLUDED.running"
         ).format(heads=heads)
-        self.select_head_statement = SQL(
-            "SELECT version, digest, running FROM {heads} WHERE stream_id = %s"
-        ).format(heads=heads)
-        self.select_heads_statement = SQL(
-            "SELECT stream_id, version, digest, running FROM {heads}"
-        ).format(heads=heads)
+        self.select_head_statement = (
+            SQL("SELECT version, digest, running FROM {heads} WHERE stream_id = %s")
+            .format(heads=heads)
+            .as_bytes(None)
+        )
+        self.select_heads_statement = (
+            SQL("SELECT stream_id, version, digest, running FROM {heads}")
+            .format(heads=heads)
+            .as_bytes(None)
+        )
         self.appends_lock_key = _lock_key(f"little_es appends:{schema}.{table}".encode())
         """The advisory lock every insert holds shared (see the class docstring)."""
         self._events = SQL("{0}.{1}").format(Identifier(schema), Identifier(table))
         self._heads = heads
-        self._insert_statements: dict[tuple[bool, int, int], bytes] = {}
+        self._insert_statements: dict[tuple[bool, int, int, int], bytes] = {}
         self._options_params = (f"{datastore.lock_timeout}s", self.appends_lock_key)
         self.lock_table_statements = [
             SQL("SET LOCAL lock_timeout = '{0}s'").format(datastore.lock_timeout),
@@ -440,10 +448,14 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
         function runs in a transaction of its own with all three.
         """
         ids: Sequence[int] | None
+        if stored_events and not self.datastore.enable_db_functions:
+            ids = self._insert_in_one_statement(stored_events, **kwargs)
+            return ids
+        # A watch is answered by the one statement only: left unanswered here, the
+        # checks it stands for make their own queries (see StreamWatch).
+        kwargs.pop("watch", None)
         if self.datastore.enable_db_functions:
             ids = self._insert_through_function(stored_events, **kwargs)
-        elif stored_events:
-            ids = self._insert_in_one_statement(stored_events, **kwargs)
         else:
             ids = super().insert_events(stored_events, **kwargs)
         return ids
@@ -455,6 +467,7 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
         *,
         durable: bool = True,
         heads: Mapping[UUID, Head] | None = None,
+        watch: StreamWatch | None = None,
         **_: Any,
     ) -> Sequence[int]:
         params: list[Any] = [*self._options_params]
@@ -476,8 +489,16 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
             params += (stream_id, *head)
         elif heads:
             params += self._heads_params(heads)
+        watched = list(watch.versions.items()) if watch is not None else []
+        if len(watched) == 1:
+            params += watched[0]
+        elif watched:
+            params += ([sid for sid, _ in watched], [version for _, version in watched])
         statement = self._insert_statement(
-            durable, plain, 0 if not heads else 1 if len(heads) == 1 else 2
+            durable,
+            plain,
+            0 if not heads else 1 if len(heads) == 1 else 2,
+            min(len(watched), 2),
         )
         with (
             self.datastore.get_connection() as conn,
@@ -485,12 +506,17 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
         ):
             # Autocommit: the statement is its own transaction.
             curs.execute(statement, params, prepare=True)
-            return [row[0] for row in curs.fetchall()]
+            rows = curs.fetchall()
+        if watch is not None:
+            changed = rows[0][1] if rows else []
+            watch.found([watched[0][0]] if changed is True else changed or [])
+        return [row[0] for row in rows]
 
-    def _insert_statement(self, durable: bool, plain: int, heads: int) -> bytes:
-        """The insert of rows (``plain`` of them as plain parameters, 0: as arrays) and heads
-        (0 none, 1 one, 2 several), rendered once."""
-        key = (durable, plain, heads)
+    def _insert_statement(self, durable: bool, plain: int, heads: int, watched: int = 0) -> bytes:
+        """The insert of rows (``plain`` of them as plain parameters, 0: as arrays), heads
+        (0 none, 1 one, 2 several) and the read of ``watched`` streams (0 none, 1 one: a
+        boolean, 2 several: the array of those changed), rendered once."""
+        key = (durable, plain, heads, watched)
         found = self._insert_statements.get(key)
         if found is not None:
             return found
@@ -539,7 +565,24 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
                 " ON CONFLICT (stream_id) DO UPDATE SET version = EXCLUDED.version,"
                 " digest = EXCLUDED.digest, running = EXCLUDED.running)"
             ).format(heads=self._heads, values=values)
-        statement += SQL(" SELECT notification_id FROM inserted")
+        # The watched streams are read in the statement's snapshot, as they stood when
+        # this commit began: a cancel that commits meanwhile is seen one call later, as
+        # one that commits just after a check's own query is.
+        changed = (
+            SQL("")
+            if not watched
+            else SQL(
+                ", EXISTS (SELECT 1 FROM {events} WHERE originator_id = %s::uuid"
+                " AND originator_version > %s::bigint)"
+            ).format(events=self._events)
+            if watched == 1
+            else SQL(
+                ", ARRAY(SELECT w.i FROM unnest(%s::uuid[], %s::bigint[]) AS w (i, v)"
+                " WHERE EXISTS (SELECT 1 FROM {events} e WHERE e.originator_id = w.i"
+                " AND e.originator_version > w.v))"
+            ).format(events=self._events)
+        )
+        statement += SQL(" SELECT notification_id{changed} FROM inserted").format(changed=changed)
         rendered = self._insert_statements[key] = statement.as_bytes(None)
         return rendered
 

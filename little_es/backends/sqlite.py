@@ -72,6 +72,7 @@ from little_es.backends.base import (
     RunLeases,
     RunSummary,
     RunsView,
+    StreamWatch,
     dump_state,
     dump_summary,
     load_state,
@@ -424,7 +425,12 @@ class LittleSQLiteApplicationRecorder(SQLiteApplicationRecorder):
         return f"sqlite:///{Path(self.datastore.pool.db_name).parent.resolve()}"
 
     def _insert(
-        self, stored_events: Sequence[StoredEvent], *, durable: bool, **kwargs: Any
+        self,
+        stored_events: Sequence[StoredEvent],
+        *,
+        durable: bool,
+        watch: StreamWatch | None = None,
+        **kwargs: Any,
     ) -> Sequence[int] | None:
         pool = self.datastore.pool
         assert isinstance(pool, _SQLiteConnectionPool)
@@ -441,7 +447,11 @@ class LittleSQLiteApplicationRecorder(SQLiteApplicationRecorder):
             try:
                 # As the connection's transaction() yields it (typed SQLiteCursor there too).
                 with SQLiteTransaction(conn, commit=True) as wrapper, wrapper as cursor:
-                    ids = self._insert_events(cast(SQLiteCursor, cursor), stored_events, **kwargs)
+                    c = cast(SQLiteCursor, cursor)
+                    ids = self._insert_events(c, stored_events, **kwargs)
+                    # Read under the write lock, which no other writer's commit passes, so
+                    # what this finds is the stream as this commit leaves it.
+                    changed = self._changed(c, watch) if watch is not None else ()
             except BaseException:
                 self._ended(committed=False)
                 raise
@@ -449,9 +459,21 @@ class LittleSQLiteApplicationRecorder(SQLiteApplicationRecorder):
                 if relax:
                     conn._sqlite_conn.execute(f"PRAGMA synchronous={pool.synchronous}")
             self._ended(committed=True)
+            if watch is not None:
+                watch.found(changed)
             return ids
         finally:
             pool.put_connection(conn)
+
+    def _changed(self, c: SQLiteCursor, watch: StreamWatch) -> list[UUID]:
+        """The watched streams with a row past the version given (see :class:`StreamWatch`)."""
+        later = self.select_rows_statements[1] + " LIMIT 1"
+        changed = []
+        for sid, version in watch.versions.items():
+            c.execute(later, (sid.hex, version))
+            if c.fetchone() is not None:
+                changed.append(sid)
+        return changed
 
     def _ended(self, *, committed: bool) -> None:
         """Called with the writer connection still held, once an insert's transaction has

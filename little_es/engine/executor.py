@@ -69,12 +69,14 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple, TypeAlias, TypeVar
+from uuid import UUID
 
 from little_es._frozen import freeze
 from little_es.aggregates import DomainStream, StepAggregates
-from little_es.backends.base import check_leases
+from little_es.backends.base import StreamWatch, check_leases
 from little_es.durability import (
     INPUT_PATH,
+    NOTHING_READ,
     RunRecorder,
     checked_output,
     normalize_output,
@@ -512,13 +514,33 @@ class StepGuard:
         self.step_path = begun.step_path
         self.parent = parent
         self._step: BudgetTracker | None = _UNRESOLVED
+        self._watch: StreamWatch | None = None
+
+    def watch(self) -> StreamWatch | None:
+        """The watch for the commit of the next call's write-ahead record: the streams of
+        this run and of the parents driven in this process, which the next check then
+        need not query (see :class:`~little_es.backends.base.StreamWatch`)."""
+        versions: dict[UUID, int] = {}
+        guard: CallGuard | None = self
+        while isinstance(guard, StepGuard):
+            position = guard.executor.writer.watched()
+            if position is not None:
+                versions[position[0]] = position[1]
+            guard = guard.parent
+        self._watch = StreamWatch(versions) if versions else None
+        return self._watch
 
     def check_stop(self) -> None:
         """Raise :class:`~little_es.errors.RunCancelledError` if the run (or a parent) was
         cancelled."""
-        self.executor.check_stopped()
+        # One check per watch: it speaks for the commit just made, not for later ones.
+        watch, self._watch = self._watch, None
+        self._check_stop(watch.unchanged_at() if watch is not None else NOTHING_READ)
+
+    def _check_stop(self, unchanged: Mapping[UUID, int]) -> None:
+        self.executor.check_stopped(unchanged)
         if isinstance(self.parent, StepGuard):
-            self.parent.check_stop()
+            self.parent._check_stop(unchanged)
 
     def _trackers(self) -> tuple[BudgetTracker, ...]:
         if self._step is _UNRESOLVED:
@@ -586,9 +608,16 @@ class RunWriter(ABC):
         """
 
     @abstractmethod
-    def refresh(self) -> RunFold:
+    def refresh(self, unchanged: Mapping[UUID, int] = NOTHING_READ) -> RunFold:
         """The run's state with what other processes appended since it was last read
-        (a ``RunCancelled``): one indexed query when they appended nothing."""
+        (a ``RunCancelled``): one indexed query when they appended nothing, none when
+        ``unchanged`` holds the run's stream at the version this writer holds
+        (:meth:`RunRecorder.refresh <little_es.durability.RunRecorder.refresh>`)."""
+
+    def watched(self) -> tuple[UUID, int] | None:
+        """The run's stream and version for a commit to read past on :meth:`refresh`'s
+        behalf (:class:`~little_es.backends.base.StreamWatch`), or None (nothing to offer)."""
+        return None
 
     @abstractmethod
     def outputs(self, fold: RunFold) -> Mapping[str, Any]:
@@ -720,9 +749,10 @@ class StepExecutor:
             self.run_budget = resolve_run_budget(self.world, self.run_id, self.writer.read())
         return self.run_budget
 
-    def check_stopped(self) -> None:
-        """Raise :class:`~little_es.errors.RunCancelledError` if the run was cancelled."""
-        fold = self.writer.refresh()
+    def check_stopped(self, unchanged: Mapping[UUID, int] = NOTHING_READ) -> None:
+        """Raise :class:`~little_es.errors.RunCancelledError` if the run was cancelled
+        (``unchanged``: see :meth:`RunWriter.refresh`)."""
+        fold = self.writer.refresh(unchanged)
         if fold.status == "cancelled":
             raise RunCancelledError(self.run_id, fold.stop_reason)
 

@@ -30,9 +30,10 @@ from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from uuid import UUID
 
 from little_es._frozen import FrozenDict, freeze
-from little_es.durability import RunRecorder, read_output
+from little_es.durability import NOTHING_READ, RunRecorder, read_output
 from little_es.engine.executor import (
     Begun,
     BudgetTracker,
@@ -136,10 +137,13 @@ class _LocalWriter(RunWriter):
     def read(self) -> RunFold:
         return self.recorder.fold
 
-    def refresh(self) -> RunFold:
+    def refresh(self, unchanged: Mapping[UUID, int] = NOTHING_READ) -> RunFold:
         self.flush()
-        self.recorder.refresh()
+        self.recorder.refresh(unchanged)
         return self.recorder.fold
+
+    def watched(self) -> tuple[UUID, int] | None:
+        return self.recorder.watched()
 
     def flush(self) -> None:
         if self.recorder.holding:

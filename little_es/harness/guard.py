@@ -10,7 +10,11 @@ The engine that runs an agent step (:mod:`little_es.engine.executor`) sets a
   the calls made since it read the totals from the log;
 * :meth:`~CallGuard.before_tool_calls` right before a batch of tool calls runs
   (after their ``harness.tool_call.started`` are committed): it stops a
-  cancelled run.
+  cancelled run;
+* :meth:`~CallGuard.watch` for each of those commits, which reads what the
+  guard's next check would ask the database (another writer's append to the
+  run), in its own transaction: nothing runs between such a commit and the
+  check, so the check need not ask again.
 
 A guard stops the session by raising a :class:`~little_es.errors.RunStoppedError`,
 which the session records nothing for: the call stays in flight and is made
@@ -25,6 +29,7 @@ from contextvars import ContextVar
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
+from little_es.backends.base import StreamWatch
 from little_es.values import ModelResponse
 from little_es.waits import WaitRequest
 
@@ -44,6 +49,11 @@ class CallGuard(Protocol):
 
     def before_tool_calls(self, step_path: str) -> None:
         """Raise a :class:`~little_es.errors.RunStoppedError` if the tools must not run."""
+        ...
+
+    def watch(self) -> StreamWatch | None:
+        """What the session's next commit should read for the check that follows it, or
+        None (see :class:`~little_es.backends.base.StreamWatch`)."""
         ...
 
 

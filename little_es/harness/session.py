@@ -342,7 +342,8 @@ class _SessionLoop:
         # model call and batch of tool calls follows the save of its write-ahead
         # record, calls nothing more either.
         check_leases()
-        self.world.save(self.session)
+        guard = current_guard()
+        self.world.save(self.session, watch=None if guard is None else guard.watch())
 
     def _where(self, turn: int) -> str:
         return f"run {self.run_id!r} step {self.step_path!r} (attempt {self.attempt}) turn {turn}"

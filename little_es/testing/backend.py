@@ -74,7 +74,7 @@ from eventsourcing.persistence import (
 )
 from eventsourcing.tests import application, persistence
 
-from little_es.backends.base import check_leases
+from little_es.backends.base import StreamWatch, check_leases
 from little_es.domain import HarnessSession, Run
 from little_es.errors import (
     ArtifactIntegrityError,
@@ -364,6 +364,11 @@ class BackendTestCase(WorldTestCase):
     """Whether a world opened again sees what an earlier one wrote (False: the
     tests of durability across a close are skipped)."""
 
+    answers_watch: ClassVar[bool] = True
+    """Whether the backend's commits answer a :class:`~little_es.backends.base.StreamWatch`
+    (False: it leaves ``unchanged`` empty, and only that nothing is wrongly reported
+    unchanged is tested)."""
+
     _world: World | None = None
 
     exercised_events = 0
@@ -488,6 +493,46 @@ class BackendTestCase(WorldTestCase):
         other.save(theirs)
         self.assertTrue(world.has_events_after(run.id, last))
         self.assertFalse(world.has_events_after(run.id, last + 1))
+
+    def test_a_commit_reads_the_watched_streams_for_the_check_after_it(self) -> None:
+        """A watched stream is reported unchanged only when no row lies past its version."""
+        world = self.world
+        run = _start_run("run_watched")
+        world.save(run)
+        last = run.version
+        never = run_stream_id("run_watched_never_written")
+
+        def commit_watching(versions: dict[UUID, int]) -> frozenset[UUID]:
+            other = _start_run(f"run_watching_{len(versions)}_{time.monotonic_ns()}")
+            watch = StreamWatch(versions)
+            world.save(other, watch=watch)
+            return watch.unchanged
+
+        quiet = commit_watching({run.id: last, never: 0})
+        behind = commit_watching({run.id: last - 1})
+        if self.answers_watch:
+            self.assertEqual(quiet, {run.id, never})
+            self.assertEqual(behind, frozenset())
+        self.assertFalse(behind)
+        # Another writer's append past the version: never reported unchanged.
+        writer = self.open_world() if self.persistent else world
+        theirs = writer.load_run("run_watched")
+        theirs.trigger(StepStarted, step_path="z", step_id="z", kind="task", visit=1, attempt=1)
+        writer.save(theirs)
+        after = commit_watching({run.id: last, never: 0})
+        self.assertNotIn(run.id, after)
+        if self.answers_watch:
+            self.assertEqual(after, {never})
+        # A commit that fails its version check reports nothing.
+        stale = world.load_run("run_watched")
+        fresh = writer.load_run("run_watched")
+        _task_steps(fresh, 1, prefix="w")
+        writer.save(fresh)
+        _task_steps(stale, 1, prefix="s")
+        watch = StreamWatch({never: 0})
+        with self.assertRaises(ConcurrencyConflictError):
+            world.save(stale, watch=watch)
+        self.assertEqual(watch.unchanged, frozenset())
 
     def test_timestamps_are_recorded_in_utc(self) -> None:
         before = datetime.now(UTC)
