@@ -18,6 +18,7 @@ import asyncio
 import os
 import sys
 import time
+import traceback
 import uuid
 from collections import Counter
 from datetime import timedelta
@@ -110,6 +111,35 @@ async def test_a_budget_stop_on_temporal_and_its_resume_with_a_larger_budget(
     expected.update({f"model {t}": 1 for t in range(1, 6)})
     expected.update({f"tool q{t}": 1 for t in range(1, 5)})
     assert _ledger(ledger) == expected
+
+
+async def test_the_check_before_each_call_on_temporal_is_read_by_the_commit_before_it(
+    client: Client, tmp_path: Path, ledger: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As on the local engine: no query of its own before a model call or a batch of tool
+    calls, the commit of the call's write-ahead record read the run's stream."""
+    asked_before_calls = 0
+    real = World.has_events_after
+
+    def counted(self: World, stream_id: uuid.UUID, version: int) -> bool:
+        nonlocal asked_before_calls
+        callers = {frame.name for frame in traceback.extract_stack()}
+        asked_before_calls += bool(callers & {"before_model_call", "before_tool_calls"})
+        return real(self, stream_id, version)
+
+    monkeypatch.setattr(World, "has_events_after", counted)
+    queue = f"q-{uuid.uuid4().hex[:12]}"
+    with local_world(tmp_path / "world") as world:
+        worker = create_worker(client, world, workflows=[op.AGENT], task_queue=queue)
+        async with worker:
+            handle = await start_run(
+                client, op.AGENT, {}, run_id="run_t_watch", task_queue=queue, timeouts=_FAST
+            )
+            await handle.result()
+        await asyncio.sleep(0.2)
+        assert replay_run(world, "run_t_watch").state.status == "completed"
+    assert _ledger(ledger)["model 5"] == 1  # five model calls and four tool calls, each checked
+    assert asked_before_calls == 0
 
 
 async def test_cancel_on_temporal_stops_before_the_next_step_and_resumes_when_asked(
