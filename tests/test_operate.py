@@ -393,3 +393,54 @@ def test_a_budget_must_be_a_budget(world: World) -> None:
         Budget(usd=-1)
     with pytest.raises(Exception, match="budget must be a Budget"):
         agent("plan", model=_looping_model(1), prompt="p", budget=3)  # type: ignore[arg-type]
+
+
+class _Writer:
+    """Where a guard reads its run's position and makes its check: the real executor's
+    two calls, answered here so the guard's own bookkeeping can be watched."""
+
+    def __init__(self) -> None:
+        self.stream = UUID(int=7)
+        self.checks: list[dict[UUID, int]] = []
+
+    def watched(self) -> tuple[UUID, int]:
+        return self.stream, 3
+
+    def check_stopped(self, unchanged: Any) -> None:
+        self.checks.append(dict(unchanged))
+
+
+def _guard() -> tuple[Any, _Writer]:
+    from types import SimpleNamespace
+
+    from little_es.engine.executor import StepGuard
+
+    writer = _Writer()
+    executor = SimpleNamespace(writer=writer, check_stopped=writer.check_stopped)
+    begun = SimpleNamespace(step=None, step_path="plan")
+    return StepGuard(executor, begun, None), writer  # type: ignore[arg-type]
+
+
+def test_a_watch_speaks_once_and_only_for_a_check_in_its_own_task() -> None:
+    async def scenario() -> list[dict[UUID, int]]:
+        guard, writer = _guard()
+        answered = guard.watch()
+        answered.found([])  # the commit found nothing past version 3
+        guard.before_tool_calls("plan")  # the check after that commit: no query
+        guard.before_tool_calls("plan")  # a later check: the watch is spent
+        other = guard.watch()
+        other.found([])
+
+        async def elsewhere() -> None:
+            guard.before_tool_calls("plan")  # another task's check: it makes its query
+
+        await asyncio.create_task(elsewhere())
+        guard.before_tool_calls("plan")  # spent by the other task's check
+        changed = guard.watch()
+        changed.found([writer.stream])  # another writer appended: the check must look
+        guard.before_tool_calls("plan")
+        return writer.checks
+
+    checks = asyncio.run(scenario())
+    stream = UUID(int=7)
+    assert checks == [{stream: 3}, {}, {}, {}, {}]

@@ -497,6 +497,13 @@ def resolve_run_budget(world: World, run_id: str, fold: RunFold) -> BudgetTracke
 _UNRESOLVED: Any = object()
 
 
+def _current_task() -> asyncio.Task[Any] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no event loop in this thread
+        return None
+
+
 class StepGuard:
     """The :class:`~little_es.harness.guard.CallGuard` of one step attempt.
 
@@ -514,7 +521,7 @@ class StepGuard:
         self.step_path = begun.step_path
         self.parent = parent
         self._step: BudgetTracker | None = _UNRESOLVED
-        self._watch: StreamWatch | None = None
+        self._watch: tuple[StreamWatch, asyncio.Task[Any] | None] | None = None
 
     def watch(self) -> StreamWatch | None:
         """The watch for the commit of the next call's write-ahead record: the streams of
@@ -527,15 +534,24 @@ class StepGuard:
             if position is not None:
                 versions[position[0]] = position[1]
             guard = guard.parent
-        self._watch = StreamWatch(versions) if versions else None
-        return self._watch
+        if not versions:
+            self._watch = None
+            return None
+        watch = StreamWatch(versions)
+        self._watch = (watch, _current_task())
+        return watch
 
     def check_stop(self) -> None:
         """Raise :class:`~little_es.errors.RunCancelledError` if the run (or a parent) was
         cancelled."""
-        # One check per watch: it speaks for the commit just made, not for later ones.
-        watch, self._watch = self._watch, None
-        self._check_stop(watch.unchanged_at() if watch is not None else NOTHING_READ)
+        # A watch speaks for the check that follows its commit in the same task, with no
+        # await between them (the session's order), once; not for another task's check
+        # (two sessions of one step) nor for a later one.
+        held, self._watch = self._watch, None
+        unchanged = NOTHING_READ
+        if held is not None and held[1] is not None and held[1] is _current_task():
+            unchanged = held[0].unchanged_at()
+        self._check_stop(unchanged)
 
     def _check_stop(self, unchanged: Mapping[UUID, int]) -> None:
         self.executor.check_stopped(unchanged)
