@@ -9,10 +9,14 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
 from _pydantic_ai_support import ChatServer, main, start_server
+
+from little_es.engine.executor import StepGuard
+from little_es.world import World
 
 _SUPPORT = Path(__file__).with_name("_pydantic_ai_support.py")
 _ROOT = Path(__file__).resolve().parents[1]
@@ -113,3 +117,39 @@ def test_output_and_usage_in_process(tmp_path: Path, capsys: Any) -> None:
     assert first == second
     assert first["output"] == {"answer": 42, "summary": "alpha is 1, 40 + 2 = 42"}
     assert dict(server.requests) == {1: 1, 2: 1, 3: 1}
+
+
+def test_the_check_before_each_call_makes_no_query_of_its_own(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """As with little_es's own agent steps: the commit of each call's write-ahead record
+    read the run's stream for the guard's check that follows it."""
+    asked_before_calls = 0
+    checks = 0
+    real = World.has_events_after
+
+    def counted(self: World, stream_id: Any, version: int) -> bool:
+        nonlocal asked_before_calls
+        callers = {frame.name for frame in traceback.extract_stack()}
+        asked_before_calls += bool(callers & {"before_model_call", "before_tool_calls"})
+        return real(self, stream_id, version)
+
+    real_check = StepGuard.check_stop
+
+    def counted_check(self: StepGuard) -> None:
+        nonlocal checks
+        checks += 1
+        real_check(self)
+
+    monkeypatch.setattr(World, "has_events_after", counted)
+    monkeypatch.setattr(StepGuard, "check_stop", counted_check)
+    server = ChatServer()
+    httpd = start_server(server)
+    try:
+        main([str(tmp_path / "world"), server.base_url, str(tmp_path / "ledger")])
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert dict(server.requests) == {1: 1, 2: 1, 3: 1}
+    assert checks >= 3  # one before each request at least, and before each tool call
+    assert asked_before_calls == 0

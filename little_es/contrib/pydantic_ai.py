@@ -296,10 +296,14 @@ class _Recorder:
             f"run {self.run_id!r} step {self.step_path!r} (attempt {self.attempt}) turn {self.turn}"
         )
 
-    def save(self) -> None:
+    def save(self, *, checked_next: bool = False) -> None:
+        """Commit what the session holds; ``checked_next`` when the guard's check of the
+        call this commit is the write-ahead record of follows it at once, in this task:
+        the commit then reads the run's stream for that check (``CallGuard.watch``)."""
         # A driver that lost its lease appends (and so calls) nothing more.
         check_leases()
-        self.world.save(self.session)
+        guard = current_guard() if checked_next else None
+        self.world.save(self.session, watch=None if guard is None else guard.watch())
 
     async def request(
         self, messages: Sequence[_pm.ModelMessage], send: Callable[[], Any]
@@ -332,7 +336,7 @@ class _Recorder:
             self.save()
             return _from_response(recorded.response, recorded.timestamp)
         # Committed before the request is sent.
-        self.save()
+        self.save(checked_next=True)
         guard = current_guard()
         if guard is not None:
             guard.before_model_call(self.step_path)
@@ -369,7 +373,7 @@ class _Recorder:
                 ToolCallStarted, turn=self.turn, call_id=call_id, name=name, args=json_args
             )
             # Committed before the tool runs.
-            self.save()
+            self.save(checked_next=True)
         elif started.name != name or started.args != json_args:
             raise ConversationDivergedError(
                 f"{self.where()}: recorded tool call {call_id!r} ({started.name}) does not match"
