@@ -766,6 +766,8 @@ class World:
             # The heads move with the commits that hold a result: a commit of write-ahead
             # records alone, which a power cut may lose anyway, saves a second table write.
             moved = {sid: head for sid, (head, _) in heads.items()} if durable else {}
+            # The keyword only when asked for: a recorder that predates the watch sees
+            # every other commit as before.
             if watch is None:
                 self.app.recorder.insert_events(stored, durable=durable, heads=moved)
             else:

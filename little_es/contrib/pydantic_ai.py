@@ -297,9 +297,9 @@ class _Recorder:
         )
 
     def save(self, *, checked_next: bool = False) -> None:
-        """Commit what the session holds; ``checked_next`` when the guard's check of the
-        call this commit is the write-ahead record of follows it at once, in this task:
-        the commit then reads the run's stream for that check (``CallGuard.watch``)."""
+        """Commit what the session holds; with ``checked_next`` (the guard's check of the
+        call this commit records comes right after it, in this task) the commit also
+        reads the run's stream for that check (``CallGuard.watch``)."""
         # A driver that lost its lease appends (and so calls) nothing more.
         check_leases()
         guard = current_guard() if checked_next else None

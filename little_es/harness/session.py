@@ -336,13 +336,16 @@ class _SessionLoop:
         self.replayed_model_calls = 0
         self.replayed_tool_calls = 0
 
-    def _save(self) -> None:
+    def _save(self, *, checked_next: bool = False) -> None:
+        """Commit what the session holds; with ``checked_next`` (the guard's check of the
+        call this commit records comes right after it, in this task) the commit also
+        reads the run's stream for that check (``CallGuard.watch``)."""
         # A driver that lost its lease appends nothing more (the version check
         # fences the moment between this check and the commit), and since every
         # model call and batch of tool calls follows the save of its write-ahead
         # record, calls nothing more either.
         check_leases()
-        guard = current_guard()
+        guard = current_guard() if checked_next else None
         self.world.save(self.session, watch=None if guard is None else guard.watch())
 
     def _where(self, turn: int) -> str:
@@ -390,7 +393,7 @@ class _SessionLoop:
                 )
             # Committed before the model is called, in one transaction with what
             # nothing ran between: SessionStarted, or the previous turn's last result.
-            self._save()
+            self._save(checked_next=turn not in session.responses)
             response = await self._response(turn)
             usages.append(response.usage)
             self.conversation.append(response.as_message())
@@ -464,9 +467,9 @@ class _SessionLoop:
             if refused is not None:
                 self.tool_calls_made += 1
                 session.trigger(ToolCallFailed, call_id=call_id, error=refused)
-        # The response and every start in one transaction, before any tool runs.
-        self._save()
         pending = [session.tool_calls[c] for c in call_ids if c not in session.tool_results]
+        # The response and every start in one transaction, before any tool runs.
+        self._save(checked_next=bool(pending))
         self.replayed_tool_calls += len(call_ids) - len(pending)
         self._running = len(pending)
         guard = current_guard()
