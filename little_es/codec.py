@@ -189,7 +189,7 @@ class PydanticMapper(Mapper[UUID]):
             raise UnknownEventTypeError(
                 f"stored event {topic!r} (stream {stream_id}, version {version}) has no"
                 " registered event class: import the module that defines it before reading"
-                " this log"
+                " this log (from the command line: little --import MODULE ...)"
             )
         if self.cipher:
             data = self.cipher.decrypt(data)

@@ -526,12 +526,21 @@ def render_verify(report: VerifyReport, console: Console) -> None:
     table.add_column("rows", justify="right", no_wrap=True)
     table.add_column("problem", overflow="fold")
     for stream in report.streams:
+        unread = stream.problem is None and bool(stream.undecoded)
         table.add_row(
-            _held(stream.problem),
+            "[yellow]UNREAD[/]" if unread else _held(stream.problem),
             stream.kind,
             escape(stream.name),
             str(stream.events),
-            escape(stream.problem or ""),
+            escape(
+                stream.problem
+                or (
+                    "chain holds; not decoded, no class imported for: "
+                    + ", ".join(stream.undecoded)
+                    if unread
+                    else ""
+                )
+            ),
         )
     for artifact in report.artifacts:
         table.add_row(
@@ -546,8 +555,14 @@ def render_verify(report: VerifyReport, console: Console) -> None:
     checked = f"{_count(streams, 'stream')}, {_count(artifacts, 'artifact')}"
     if report.ok:
         console.print(f"[green]ok[/]: {checked}, every chain and artifact holds")
-    else:
+    elif report.problems:
         console.print(f"[red]BROKEN[/]: {report.problems} of {checked} do not hold")
+    else:
+        console.print(
+            f"[yellow]UNREAD[/]: {report.undecoded} of {checked} hold events of a class"
+            " not imported here; their chains hold, their payloads were not checked:"
+            " import the modules that define them (little --import MODULE verify ...)"
+        )
 
 
 @contextmanager

@@ -6,7 +6,11 @@ log, and every head the backend keeps), the way the runtime and replay read
 them: the hash chain and the head of each stream (:mod:`little_es.chain`),
 every payload decoded and validated, every artifact an event references
 re-hashed and checked to belong to the run that references it. Nothing is
-written. Resume and :func:`~little_es.replay.replay_run` make the same checks
+written. A stream holding events of a class the process has not imported (a
+user's :class:`~little_es.events.RunEvent`, its module not imported) is not
+called broken: its chain, head and rows are checked and the rest of its events
+decoded, and the report says which were not (``little --import MODULE verify``).
+Resume and :func:`~little_es.replay.replay_run` make the same checks
 on the streams they read; this is how to check a world before trusting it, or
 to find which streams a refusal came from.
 """
@@ -21,7 +25,12 @@ from pydantic import BaseModel, ConfigDict
 from little_es.aggregates import is_domain_topic
 from little_es.chain import check_rows, is_framed, row_digest
 from little_es.codec import PydanticMapper
-from little_es.errors import ArtifactError, EventLogError, RunNotFoundError
+from little_es.errors import (
+    ArtifactError,
+    EventLogError,
+    RunNotFoundError,
+    UnknownEventTypeError,
+)
 from little_es.events import (
     Event,
     ModelPriceSet,
@@ -57,6 +66,9 @@ class StreamCheck(BaseModel):
     """How many rows it has."""
     problem: str | None = None
     """What does not hold (None: the stream holds)."""
+    undecoded: tuple[str, ...] = ()
+    """The topics of the events this process could not decode: their classes are not
+    imported (the chain, the head and every row's digest were still checked)."""
 
 
 class ArtifactCheck(BaseModel):
@@ -82,10 +94,14 @@ class VerifyReport(BaseModel):
 
     @property
     def ok(self) -> bool:
-        """Whether every stream and every artifact holds."""
-        return all(s.problem is None for s in self.streams) and all(
-            a.problem is None for a in self.artifacts
-        )
+        """Whether every stream and every artifact holds, and every event was decoded."""
+        return self.problems == 0 and self.undecoded == 0
+
+    @property
+    def undecoded(self) -> int:
+        """How many streams that hold hold events this process could not decode (their
+        classes not imported): not known to be broken, and not fully checked either."""
+        return sum(s.problem is None and bool(s.undecoded) for s in self.streams)
 
     @property
     def problems(self) -> int:
@@ -205,11 +221,16 @@ class _Checker:
         if rows and event_class_for(rows[0][1]) is None and is_domain_topic(rows[0][1]):
             self._check_domain_stream(stream_id, rows[0][1], count)
             return []
+        undecoded: tuple[str, ...] = ()
         try:
-            events = self.world.read_stream(stream_id)
+            try:
+                events = self.world.read_stream(stream_id)
+            except UnknownEventTypeError:
+                # Not a break: the stream is checked as far as this process can read it.
+                events, undecoded = self.world.read_known_events(stream_id)
             # Beyond what a read checks: every row's own digest and link, frames included.
             check_rows(stream_id, self.world.backend.select_rows(stream_id, None))
-            if events and isinstance(events[0], RunStarted | RunForked):
+            if not undecoded and events and isinstance(events[0], RunStarted | RunForked):
                 # Loaded as a resume loads it, so its latest snapshot is checked too.
                 self.world.load_run(events[0].run_id)
         except EventLogError as exc:
@@ -224,7 +245,7 @@ class _Checker:
             return []
         kind, name = _identify(stream_id, events)
         self.streams[stream_id] = StreamCheck(
-            stream_id=stream_id, kind=kind, name=name, events=count
+            stream_id=stream_id, kind=kind, name=name, events=count, undecoded=undecoded
         )
         run_id = owner or _run_of(events)
         for event in events:

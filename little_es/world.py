@@ -1028,6 +1028,28 @@ class World:
             events, _ = self._read_stream(stream_id, frozenset(), after=after or 0)
             return events
 
+    def read_known_events(self, stream_id: UUID) -> tuple[list[Event], tuple[str, ...]]:
+        """:meth:`read_stream` of a stream that may hold events of a class this process has
+        not imported (``little verify`` run without the user's modules).
+
+        The whole chain and head are verified as every read verifies them; the
+        events of a registered class are decoded and returned; the others are
+        left undecoded, and their topics returned in the order first met. A
+        reader that folds the stream must use :meth:`read_stream`, which refuses
+        them.
+        """
+        with gc_paused():
+            events: list[Event] = []
+            unknown: dict[str, None] = {}
+            for version, topic, state in self._verified(stream_id).rows:
+                if event_class_for(topic) is None:
+                    unknown[topic] = None
+                else:
+                    events.append(
+                        self._mapper.decode_payload(stream_id, version, topic, payload_of(state))
+                    )
+            return events, tuple(unknown)
+
     def _verified(self, stream_id: UUID) -> Verified:
         """A whole stream, its chain and head verified (:func:`~little_es.chain.verify_stream`).
 

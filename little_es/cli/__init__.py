@@ -25,6 +25,11 @@ plugins' in :func:`_register_plugins`:
   (:mod:`little_es.contrib.otel_cli`). When an extra is not installed its commands
   still exist and fail in one line that says what to install.
 
+Before any command, ``little --import MODULE`` (repeatable; or ``$LITTLE_ES_IMPORT``,
+space-separated) imports a module of the user's, so that the event classes it
+defines (:class:`~little_es.events.RunEvent` subclasses) are registered: a log
+holding one of them cannot be read without its class.
+
 Every command takes ``--world URL`` (``sqlite:///dir``, ``postgresql://...``,
 ``memory://``); the default is ``$LITTLE_ES_WORLD``, else
 ``sqlite:///.little-workflow``. A little_es error ends the command with exit
@@ -42,7 +47,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from importlib.metadata import entry_points
 from types import MappingProxyType
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 import typer.main
@@ -51,6 +56,7 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from little_es.cli import fork, inspection, operate, prices, run, signal, transfer, ui, unlock
+from little_es.cli.common import IMPORT_ENV_VAR, import_modules
 from little_es.errors import LittleEsError
 
 __all__ = ["OPTIONAL_COMMANDS", "PLUGIN_GROUP", "app"]
@@ -115,6 +121,27 @@ app = typer.Typer(
     # A bug's traceback must not print local variables: they may hold a DSN's password.
     pretty_exceptions_show_locals=False,
 )
+
+
+@app.callback()
+def _before_any_command(
+    modules: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--import",
+            metavar="MODULE",
+            envvar=IMPORT_ENV_VAR,
+            help=(
+                "Import this module first (repeatable), so that the event classes it"
+                " defines are known: a log holding an event of a class not imported"
+                f" cannot be read. [env: ${IMPORT_ENV_VAR}, space-separated]"
+            ),
+            show_envvar=False,
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    import_modules(modules or ())
 
 
 def _unavailable(app: typer.Typer, command: str, extra: str, reason: str) -> None:

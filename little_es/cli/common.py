@@ -6,8 +6,10 @@ package :mod:`little_es.cli`, which imports them to register their commands.
 
 from __future__ import annotations
 
+import importlib
 import os
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
@@ -19,12 +21,18 @@ from little_es.errors import WorldConfigError
 from little_es.world import DEFAULT_DATA_DIR, WORLD_ENV_VAR, World, open_world
 
 __all__ = [
+    "IMPORT_ENV_VAR",
     "OptionalRunIdArgument",
     "RunIdArgument",
     "WorldOption",
     "console",
+    "import_modules",
+    "importable_cwd",
     "inspection_world",
 ]
+
+IMPORT_ENV_VAR = "LITTLE_ES_IMPORT"
+"""Modules ``little`` imports before any command, space-separated (as ``--import``)."""
 
 # Wide enough for the report table when output is not a terminal (a pipe, a test
 # runner), where rich would otherwise assume 80 columns and wrap the cells.
@@ -79,6 +87,33 @@ def inspection_world(url: str | None) -> Iterator[World]:
         yield world
     finally:
         world.close()
+
+
+def importable_cwd() -> None:
+    """Make the current directory importable, as ``python -m`` does: the ``little`` script's
+    own directory is on ``sys.path`` instead."""
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+
+
+def import_modules(names: Iterable[str]) -> None:
+    """Import each module (the current directory is importable), so that the event classes
+    it defines are registered before a command reads a log that holds them.
+
+    Raises :class:`typer.BadParameter` naming the module that cannot be imported.
+    """
+    names = [n for n in names if n]
+    if names:
+        importable_cwd()
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise typer.BadParameter(
+                f"cannot import module {name!r}: {exc} (give a module importable from the"
+                " current directory, e.g. --import flows.events)",
+                param_hint="--import",
+            ) from exc
 
 
 def console() -> Console:

@@ -201,7 +201,8 @@ def verify_command(
         bool, typer.Option("--all", help="Check every stream and artifact of the world.")
     ] = False,
 ) -> None:
-    """Check the hash chains, heads and artifacts of a run or the world; exit 1 on any break."""
+    """Check the hash chains, heads and artifacts of a run or the world; exit 1 on any break
+    (or any event of a class not imported: see little --import)."""
     if (run_id is None) == (not all_streams):
         raise typer.BadParameter("give a RUN_ID or --all (not both)")
     with inspection_world(world) as w:

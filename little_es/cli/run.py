@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import sys
-from pathlib import Path
 from typing import Annotated, Any
 
 import orjson
@@ -19,7 +17,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
 
-from little_es.cli.common import WorldOption
+from little_es.cli.common import WorldOption, importable_cwd
 from little_es.engine.local import run_workflow
 from little_es.errors import RunNotFoundError, RunStoppedError, RunWaitingError, WorkflowRefError
 from little_es.events import Event
@@ -40,8 +38,7 @@ def load_workflow(ref: str) -> Workflow:
     module_name, sep, attribute = ref.partition(":")
     if not sep or not module_name or not attribute:
         raise WorkflowRefError(f"--workflow {ref!r}: use module:attribute, e.g. flows.triage:wf")
-    if str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
+    importable_cwd()
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
