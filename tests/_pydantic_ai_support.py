@@ -148,14 +148,19 @@ def append_line(path: Path, entry: dict[str, Any]) -> None:
         os.close(fd)
 
 
-def build(base_url: str, ledger: Path) -> Any:
-    """The workflow: one Pydantic AI agent step over the server at ``base_url``."""
+def build(base_url: str, ledger: Path, *, system_prompt: bool = False) -> Any:
+    """The workflow: one Pydantic AI agent step over the server at ``base_url``.
+
+    Its agent has ``instructions``, which Pydantic AI sends with every request, or with
+    ``system_prompt`` the same text as a system prompt, sent in the first request only.
+    """
     provider = OpenAIProvider(base_url=base_url, api_key="test-key")
+    text = "Answer with the tools' results."
     agent = Agent(
         OpenAIChatModel(MODEL, provider=provider),
         output_type=Answer,
-        instructions="Answer with the tools' results.",
         name="calculator",
+        **({"system_prompt": text} if system_prompt else {"instructions": text}),
     )
 
     @agent.tool

@@ -3,6 +3,7 @@ through Pydantic AI's OpenAI provider, a child process SIGKILLed mid-run and res
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -13,9 +14,13 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from _pydantic_ai_support import ChatServer, main, start_server
+from _pydantic_ai_support import RUN_ID, ChatServer, build, main, start_server
 
+from little_es import local_world, run_workflow
 from little_es.engine.executor import StepGuard
+from little_es.events import ModelCalled, StepStarted
+from little_es.harness.session import conversation_hash, sent_messages
+from little_es.ids import run_stream_id
 from little_es.world import World
 
 _SUPPORT = Path(__file__).with_name("_pydantic_ai_support.py")
@@ -153,3 +158,50 @@ def test_the_check_before_each_call_makes_no_query_of_its_own(
     assert dict(server.requests) == {1: 1, 2: 1, 3: 1}
     assert checks >= 3  # one before each request at least, and before each tool call
     assert asked_before_calls == 0
+
+
+def _model_calls(world: World) -> tuple[list[ModelCalled], dict[int, tuple[Any, ...]]]:
+    """The session's ``harness.model.called`` events, and what a reader rebuilds as sent."""
+    session_id = next(
+        e.session_id
+        for e in world.read_stream(run_stream_id(RUN_ID))
+        if isinstance(e, StepStarted) and e.session_id is not None
+    )
+    events = world.read_stream(session_id)
+    return [e for e in events if isinstance(e, ModelCalled)], sent_messages(events)
+
+
+def test_a_request_stores_only_the_messages_no_earlier_event_holds(tmp_path: Path) -> None:
+    """With a system prompt (sent once), a later request's new messages are the previous
+    response and its tools' results, which their own events hold: stored as ``implied``,
+    and rebuilt by a reader into exactly the conversation the hash chain covers. With
+    ``instructions`` (sent again in every request, between those messages) every new
+    message is stored, as before."""
+    server = ChatServer()
+    httpd = start_server(server)
+    try:
+        for system_prompt in (True, False):
+            world_dir = tmp_path / f"world-{system_prompt}"
+            with local_world(world_dir) as world:
+                flow = build(server.base_url, tmp_path / "ledger", system_prompt=system_prompt)
+                result = asyncio.run(run_workflow(world, flow, run_id=RUN_ID))
+                assert result.output == {"answer": 42, "summary": "alpha is 1, 40 + 2 = 42"}
+                # Resumed, it is answered from the log: the stored form reads back.
+                again = asyncio.run(run_workflow(world, flow, run_id=RUN_ID))
+                assert again.output == result.output
+                calls, sent = _model_calls(world)
+            assert [c.turn for c in calls] == [1, 2, 3]
+            if system_prompt:
+                # Turn 2: the response with two tool calls and both results; turn 3: one.
+                assert [(c.implied, len(c.messages)) for c in calls[1:]] == [(3, 0), (2, 0)]
+            else:
+                assert all(c.implied == 0 for c in calls)
+                assert [len(c.messages) for c in calls[1:]] == [4, 3]
+            chain = ""
+            for call in calls:
+                chain = conversation_hash(chain, list(sent[call.turn]))
+                assert chain == call.conversation_hash
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert dict(server.requests) == {1: 2, 2: 2, 3: 2}

@@ -12,6 +12,8 @@ step's harness session, exactly as the built-in agent loop's calls do:
 * ``harness.model.called`` (the messages added since the previous request, mapped to
   :class:`~little_es.values.Message`, and the conversation's hash chain) is committed
   before the request is sent, ``harness.model.responded`` (text, tool calls, usage) after;
+  when the added messages begin with the previous response and its tools' results, those
+  are left ``implied`` (rebuilt from their own events, as the built-in loop's are);
 * ``harness.tool_call.started`` is committed before a tool runs, its ``succeeded`` /
   ``failed`` after;
 * ``harness.session.completed`` carries the agent's output.
@@ -83,7 +85,7 @@ from little_es.events import (
 )
 from little_es.harness.guard import current_guard
 from little_es.harness.manifest import check_manifest, compute_manifest
-from little_es.harness.session import conversation_hash
+from little_es.harness.session import conversation_hash, implied_messages
 from little_es.ids import session_stream_id
 from little_es.values import (
     ErrorInfo,
@@ -317,9 +319,23 @@ class _Recorder:
         session = self.session
         called = session.called.get(turn)
         if called is None:
-            session.trigger(
-                ModelCalled, turn=turn, messages=tuple(new), conversation_hash=self.hash
-            )
+            # What the session's earlier events hold already (the previous response and
+            # its tools' results) is not stored twice, when that is exactly how the new
+            # messages begin; otherwise (instructions repeated by Pydantic AI, a retry
+            # prompt) every new message is stored.
+            implied = implied_messages(session, turn) if turn > 1 else []
+            if implied and new[: len(implied)] == implied:
+                session.trigger(
+                    ModelCalled,
+                    turn=turn,
+                    messages=tuple(new[len(implied) :]),
+                    implied=len(implied),
+                    conversation_hash=self.hash,
+                )
+            else:
+                session.trigger(
+                    ModelCalled, turn=turn, messages=tuple(new), conversation_hash=self.hash
+                )
         elif called.conversation_hash != self.hash:
             raise ConversationDivergedError(
                 f"{self.where()}: the agent's conversation does not match the one recorded in"

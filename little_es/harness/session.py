@@ -114,6 +114,7 @@ __all__ = [
     "SessionInputError",
     "SessionOutcome",
     "conversation_hash",
+    "implied_messages",
     "run_agent_session",
     "sent_messages",
 ]
@@ -194,21 +195,50 @@ def sent_messages(events: Iterable[Event]) -> dict[int, tuple[Message, ...]]:
     return sent
 
 
+def implied_messages(session: HarnessSession, turn: int) -> list[Message]:
+    """The messages a ``harness.model.called`` of ``turn`` may leave ``implied``: those that
+    :func:`sent_messages` rebuilds from the session's earlier events (the previous
+    response's assistant message, then a tool message per call of it with a result).
+
+    For a recorder of its own (:mod:`little_es.contrib.pydantic_ai`): it stores a turn's
+    messages in the implied form only when they begin with exactly these, so a reader
+    rebuilds what was sent.
+    """
+    used: set[str] = set()
+    call_ids: dict[int, list[str]] = {}
+    # In turn order, which is the stream's: the ids are given as sent_messages gives them.
+    for t in sorted(t for t in session.responses if t < turn):
+        calls = session.responses[t].response.tool_calls
+        call_ids[t] = [_unique_call_id(used, c.id, t) for c in calls]
+    responses = {t: r.response for t, r in session.responses.items()}
+    return _rebuilt(turn, responses, call_ids, session.tool_results)
+
+
+def _rebuilt(
+    turn: int,
+    responses: Mapping[int, ModelResponse],
+    call_ids: Mapping[int, list[str]],
+    results: Mapping[str, ToolCallSucceeded | ToolCallFailed],
+) -> list[Message]:
+    previous = responses.get(turn - 1)
+    rebuilt: list[Message] = []
+    if previous is not None:
+        rebuilt.append(previous.as_message())
+        for call, call_id in zip(previous.tool_calls, call_ids[turn - 1], strict=True):
+            result = results.get(call_id)
+            if result is None:
+                break
+            rebuilt.append(_tool_message(call, result))
+    return rebuilt
+
+
 def _implied(
     called: ModelCalled,
     responses: Mapping[int, ModelResponse],
     call_ids: Mapping[int, list[str]],
     results: Mapping[str, ToolCallSucceeded | ToolCallFailed],
 ) -> list[Message]:
-    previous = responses.get(called.turn - 1)
-    rebuilt: list[Message] = []
-    if previous is not None:
-        rebuilt.append(previous.as_message())
-        for call, call_id in zip(previous.tool_calls, call_ids[called.turn - 1], strict=True):
-            result = results.get(call_id)
-            if result is None:
-                break
-            rebuilt.append(_tool_message(call, result))
+    rebuilt = _rebuilt(called.turn, responses, call_ids, results)
     if len(rebuilt) != called.implied:
         raise ConversationDivergedError(
             f"harness session {called.originator_id} turn {called.turn}: its"
