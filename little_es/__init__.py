@@ -83,6 +83,7 @@ from little_es.errors import (
     WorkflowRefError,
     WorldConfigError,
     WorldIntegrityError,
+    WorldStorageError,
 )
 from little_es.events import (
     BudgetExceeded,
@@ -376,6 +377,7 @@ __all__ = [
     "World",
     "WorldConfigError",
     "WorldIntegrityError",
+    "WorldStorageError",
     "agent",
     "apply",
     "ask_human",

@@ -72,6 +72,7 @@ handle a family::
     │   ├── LogTamperedError                 a stream's hash chain is broken
     │   ├── WorldIntegrityError              the database is not this world's
     │   └── LeaseLostError                   this process no longer holds the run's lease
+    ├── WorldStorageError                    the database failed a read or a commit: resume later
     ├── StepSuspendedError                   not a failure: the attempt waits for sub-runs
     ├── ModelError                           a model provider call failed
     ├── MissingExtraError (ImportError)      an integration's optional extra is not installed
@@ -590,6 +591,20 @@ class WorldIntegrityError(RuntimeIntegrityError):
     Raised instead of treating the world as new (which would run every step
     again) or surfacing a raw driver error.
     """
+
+
+class WorldStorageError(LittleEsError):
+    """The world's database failed a read or a commit: a full disk, a write lock held too
+    long by another process, a lost connection to the server.
+
+    Not a failure of the step or call under way, and never recorded as one
+    (that would spend a retry, and an agent step's next attempt would start a
+    new harness session that makes every recorded call again): the attempt
+    stays in flight, and a resume once the database is back continues it,
+    the call in flight made again at most once. Retryable on Temporal.
+    """
+
+    retryable = True
 
 
 class LeaseLostError(RuntimeIntegrityError):

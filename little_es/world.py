@@ -42,7 +42,7 @@ from uuid import UUID, uuid4
 
 import orjson
 from eventsourcing.application import Application
-from eventsourcing.persistence import IntegrityError, StoredEvent
+from eventsourcing.persistence import IntegrityError, PersistenceError, StoredEvent
 from eventsourcing.utils import Environment, EnvType, get_topic
 
 from little_es.aggregates import (
@@ -91,6 +91,7 @@ from little_es.errors import (
     UnstorableEventError,
     WorldConfigError,
     WorldIntegrityError,
+    WorldStorageError,
 )
 from little_es.events import (
     LOG_FORMAT_LINKED,
@@ -276,6 +277,9 @@ _timestamp = attrgetter("timestamp")
 
 _HEAD_REREADS = 5
 """How often a stream whose head is ahead of its rows is read again before it is refused."""
+
+# How the databases say a write found no space: SQLite, PostgreSQL, MariaDB, the OS.
+_FULL_DISK = ("disk is full", "no space left", "could not extend", "table is full", "disk full")
 
 
 def _reached_mark(version: int, saved: int, interval: int) -> bool:
@@ -779,6 +783,8 @@ class World:
             raise ConcurrencyConflictError(
                 f"another writer appended to {ids} first; nothing was written: reload and retry"
             ) from exc
+        except PersistenceError as exc:
+            raise self._storage_error("commit", exc) from exc
 
     def insert_imported(
         self,
@@ -1059,15 +1065,19 @@ class World:
         reads, or rows were deleted: the two are read again until they agree
         or stop changing, and only rows that stay missing are a cut-off tail.
         """
-        rows = self._select(stream_id, None)
-        head = self.backend.stream_head(stream_id)
-        for _ in range(_HEAD_REREADS):
-            if head is None or (rows[-1][0] if rows else 0) >= head.version:
-                break
-            again, head_again = self._select(stream_id, None), self.backend.stream_head(stream_id)
-            if head_again == head and len(again) == len(rows):
-                break
-            rows, head = again, head_again
+        try:
+            rows = self._select(stream_id, None)
+            head = self.backend.stream_head(stream_id)
+            for _ in range(_HEAD_REREADS):
+                if head is None or (rows[-1][0] if rows else 0) >= head.version:
+                    break
+                again = self._select(stream_id, None)
+                head_again = self.backend.stream_head(stream_id)
+                if head_again == head and len(again) == len(rows):
+                    break
+                rows, head = again, head_again
+        except PersistenceError as exc:
+            raise self._storage_error("read", exc) from exc
         return verify_stream(stream_id, rows, head, legacy=self._legacy)
 
     def _read_stream(
@@ -1124,7 +1134,41 @@ class World:
     def has_events_after(self, stream_id: UUID, version: int) -> bool:
         """Whether the stream holds an event after ``version``: one indexed query, no read of
         the stream (a driver asks it before each step and call, to see a foreign append)."""
-        return self.backend.has_events_after(stream_id, version)
+        try:
+            return self.backend.has_events_after(stream_id, version)
+        except PersistenceError as exc:
+            raise self._storage_error("read", exc) from exc
+
+    def _storage_error(self, failed: str, exc: PersistenceError) -> WorldStorageError:
+        """What to raise for the database's failure ``exc`` of a read or a commit (``failed``):
+        never the step's failure (see :class:`~little_es.errors.WorldStorageError`)."""
+        said = " ".join(str(exc).split()) or type(exc).__name__
+        lowered = said.lower()
+        if any(s in lowered for s in _FULL_DISK):
+            hint = "free disk space where the world is stored"
+        elif "locked" in lowered or "lock timeout" in lowered:
+            hint = (
+                "another process held the database's write lock for too long (a backup, an"
+                " import, an open sqlite3 shell?): let it finish"
+            )
+        elif "i/o error" in lowered:
+            hint = (
+                "check the disk where the world is stored (space, quotas, a file size limit,"
+                " errors in the system log)"
+            )
+        else:
+            hint = "check that the database is up and reachable"
+        what = (
+            "a commit (its records may or may not be in the log)"
+            if failed == "commit"
+            else "a read"
+        )
+        return WorldStorageError(
+            f"world {self.name}: the database failed {what}: {said}. Nothing more ran, and"
+            " nothing was recorded as failed: the step or call under way stays in flight."
+            f" To go on, {hint}, then resume the run (run_workflow with the same run id):"
+            " it continues from what the log holds"
+        )
 
     def select_stored(self, stream_id: UUID) -> Sequence[StoredEvent]:
         """The raw stored rows of one stream (for exports and benchmarks)."""

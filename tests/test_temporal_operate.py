@@ -23,8 +23,10 @@ import uuid
 from collections import Counter
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
+from eventsourcing.persistence import OperationalError
 from little_es_temporal import (
     DevServer,
     StepTimeouts,
@@ -36,7 +38,7 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import CancelledError
 
 import tests._temporal_support as _support
-from little_es.events import RunCancelled, RunFailed, StepFailed
+from little_es.events import RunCancelled, RunFailed, StepFailed, ToolCallSucceeded
 from little_es.replay import replay_run
 from little_es.values import Budget
 from little_es.world import World, local_world
@@ -283,3 +285,43 @@ async def test_little_cancel_with_temporal_cancels_the_workflow(
         state = replay_run(world, "run_t_cli").state
         assert state.status == "cancelled" and state.stop_reason == "from the command line"
     assert "step last" not in _ledger(ledger)
+
+
+async def test_a_failed_commit_inside_an_agent_step_on_temporal_spends_nothing(
+    client: Client, tmp_path: Path, ledger: Path
+) -> None:
+    """The database failing a harness call's commit (``WorldStorageError``) is not the step's
+    failure on Temporal either: the activity is retried, the attempt in flight continues in
+    the same session, and no model call is made twice."""
+    queue = f"q-{uuid.uuid4().hex[:12]}"
+    with local_world(tmp_path / "world") as world:
+        recorder = world.app.recorder
+        real = recorder.insert_events
+        failed: list[int] = []
+
+        def insert_events(stored: Any, **kwargs: Any) -> Any:
+            if not failed and any(s.topic == ToolCallSucceeded.wire_name for s in stored):
+                failed.append(1)
+                raise OperationalError("server closed the connection unexpectedly")
+            return real(stored, **kwargs)
+
+        recorder.insert_events = insert_events  # type: ignore[method-assign]
+        worker = create_worker(client, world, workflows=[op.AGENT], task_queue=queue)
+        async with worker:
+            handle = await start_run(
+                client, op.AGENT, {}, run_id="run_t_storage", task_queue=queue, timeouts=_FAST
+            )
+            await handle.result()
+        await asyncio.sleep(0.2)
+        assert failed == [1]
+        state = replay_run(world, "run_t_storage").state
+        assert state.status == "completed"
+        assert state.steps["plan"].attempts == 1
+        assert not any(
+            isinstance(e, StepFailed | RunFailed) for e in _run_events(world, "run_t_storage")
+        )
+    calls = _ledger(ledger)
+    assert all(calls[f"model {t}"] == 1 for t in range(1, 6))
+    # q1's result was the commit that failed: q1 ran again, once; every other call once.
+    assert calls["tool q1"] == 2
+    assert all(calls[f"tool q{t}"] == 1 for t in range(2, 5))

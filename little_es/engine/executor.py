@@ -101,6 +101,7 @@ from little_es.errors import (
     RunWaitingError,
     StepSuspendedError,
     WaitTimedOutError,
+    WorldStorageError,
 )
 from little_es.events import Event, utc_now
 from little_es.harness.guard import CallGuard, guarding
@@ -868,7 +869,9 @@ class StepExecutor:
 
         An :class:`Exception` the step raised is the outcome's (its failure),
         except a :class:`~little_es.errors.RuntimeIntegrityError`, which
-        propagates: it is a refusal (see :mod:`little_es.engine.executor`).
+        propagates: it is a refusal (see :mod:`little_es.engine.executor`), and a
+        :class:`~little_es.errors.WorldStorageError`, the database failing the
+        step's own records.
         """
         # The step's code may read what the previous step held back: committed first.
         self.writer.flush()
@@ -885,11 +888,12 @@ class StepExecutor:
             # The engine hosts sub-runs elsewhere: the attempt stays in flight, nothing
             # is recorded, and the engine runs it again once they finished.
             raise
-        except RuntimeIntegrityError:
+        except (RuntimeIntegrityError, WorldStorageError):
             # The log and the code disagree (a changed prompt, a tampered recorded
-            # response, a sub-run that refused): not the step's failure. Recording
-            # StepFailed would spend a retry and start a new harness session that
-            # re-runs every committed call; nothing is written, the attempt stays
+            # response, a sub-run that refused), or the world's database failed the
+            # step's own records (a harness call's commit): not the step's failure.
+            # Recording StepFailed would spend a retry and start a new harness session
+            # that re-runs every committed call; nothing is written, the attempt stays
             # in flight, and a resume after the cause is fixed continues it.
             raise
         except RunStoppedError as exc:

@@ -81,6 +81,7 @@ from little_es.errors import (
     ToolError,
     TurnLimitExceededError,
     WaitTimedOutError,
+    WorldStorageError,
 )
 from little_es.events import (
     Event,
@@ -597,10 +598,11 @@ class _SessionLoop:
             self._waiting.append(exc)
             self._running -= 1
             return
-        except (RuntimeIntegrityError, RunStoppedError):
-            # A refusal (a sub-run whose log disagrees with its code) or a stop (a
-            # sub-run cancelled or out of budget): not the tool's failure to show
-            # the model, nothing is recorded for the call, which stays in flight.
+        except (RuntimeIntegrityError, RunStoppedError, WorldStorageError):
+            # A refusal (a sub-run whose log disagrees with its code), a stop (a
+            # sub-run cancelled or out of budget) or the world's database failing a
+            # sub-run's records: not the tool's failure to show the model, nothing is
+            # recorded for the call, which stays in flight.
             self._running -= 1
             raise
         except StepSuspendedError as exc:

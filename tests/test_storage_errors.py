@@ -1,0 +1,197 @@
+"""The world's database failing a read or a commit is not the step's failure.
+
+A full disk, a write lock another process held too long, a connection lost to
+the server: the run stops with :class:`~little_es.errors.WorldStorageError`,
+nothing is recorded as failed (no retry spent, no new harness session that
+would make every recorded model call again), and a resume once the database is
+back continues the attempt in flight.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from eventsourcing.persistence import OperationalError, StoredEvent
+
+from little_es import RetryPolicy, WorldStorageError
+from little_es.engine.local import run_workflow
+from little_es.events import RunFailed, StepFailed, ToolCallSucceeded
+from little_es.harness.model import ScriptedModel
+from little_es.ids import session_stream_id
+from little_es.replay import replay_run
+from little_es.workflow.authoring import Workflow, agent, task
+from little_es.world import World, local_world
+from tests.test_refusals import RUN, SCRIPT, _prep, _prompt, _tools
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _workflow(model: ScriptedModel, ledger: list[str]) -> Workflow:
+    """test_refusals' workflow, its agent step allowed two attempts: a failure recorded
+    here would spend the first, and the second would start a new session."""
+    return Workflow(
+        "refusals",
+        version="1",
+        steps=[
+            task("prep", _prep),
+            agent(
+                "agent",
+                model=model,
+                tools=_tools(ledger),
+                prompt=_prompt,
+                system="You are terse.",
+                max_turns=5,
+                retry=RetryPolicy(max_attempts=2),
+            ),
+        ],
+    )
+
+
+def _fail_once(world: World, topic: str, error: Exception) -> list[int]:
+    """Make the world's recorder raise ``error`` (as its driver does) for the first commit
+    holding a row of ``topic``, the commit not made; the count of such failures."""
+    recorder = world.app.recorder
+    real = recorder.insert_events
+    failed: list[int] = []
+
+    def insert_events(stored: Sequence[StoredEvent], **kwargs: Any) -> Any:
+        if not failed and any(s.topic == topic for s in stored):
+            failed.append(1)
+            raise error
+        return real(stored, **kwargs)
+
+    recorder.insert_events = insert_events  # type: ignore[method-assign]
+    return failed
+
+
+async def test_a_lost_commit_inside_an_agent_step_spends_no_attempt_and_no_model_call(
+    world: World,
+) -> None:
+    failed = _fail_once(
+        world,
+        ToolCallSucceeded.wire_name,
+        OperationalError("server closed the connection unexpectedly"),
+    )
+    ledger: list[str] = []
+    model = ScriptedModel(SCRIPT, provider="acme", model_id="acme-1")
+    with pytest.raises(WorldStorageError) as stopped:
+        await run_workflow(world, _workflow(model, ledger), {}, run_id=RUN)
+    assert failed == [1]
+    message = str(stopped.value)
+    assert "server closed the connection unexpectedly" in message
+    assert "nothing was recorded as failed" in message
+    assert "resume the run" in message
+    assert model.calls == 1
+
+    log = world.read_run_log(RUN)
+    assert not [e for e in log if isinstance(e, StepFailed | RunFailed)]
+    state = replay_run(world, RUN).state
+    assert state.steps["agent"].status == "running"
+    assert state.steps["agent"].attempts == 1
+
+    # The database is back: the same session continues, turn 1 answered from the log.
+    resumed = ScriptedModel(SCRIPT, provider="acme", model_id="acme-1")
+    result = await run_workflow(world, _workflow(resumed, ledger), run_id=RUN)
+    assert result.output == "the answer is 3"
+    assert resumed.calls == 2  # turns 2 and 3; turn 1's response was committed
+    # c1's result was the commit that failed: c1 (and c2, which ran beside it, if its
+    # result was not committed either) ran again, once; c3 once.
+    assert ledger.count("c3") == 1
+    assert 1 <= ledger.count("c1") <= 2 and 1 <= ledger.count("c2") <= 2
+    state = replay_run(world, RUN).state
+    assert state.steps["agent"].attempts == 1
+    assert state.steps["agent"].session_ids == (session_stream_id(RUN, "agent", 1),)
+
+
+async def test_a_failed_read_before_a_step_is_a_storage_error_too(world: World) -> None:
+    ledger: list[str] = []
+    model = ScriptedModel(SCRIPT, provider="acme", model_id="acme-1")
+    await run_workflow(world, _workflow(model, ledger), {}, run_id=RUN)
+    backend = world.backend
+
+    def select_rows(*args: Any) -> Any:
+        raise OperationalError("could not receive data from server")
+
+    world._select = select_rows  # type: ignore[method-assign]
+    with pytest.raises(WorldStorageError, match="failed a read: could not receive data"):
+        await run_workflow(world, _workflow(model, ledger), run_id=RUN)
+    assert backend is world.backend
+
+
+_FULL_DISK_CHILD = textwrap.dedent(
+    """
+    import asyncio, os, resource, signal, sys
+    from little_es import Workflow, WorldStorageError, local_world, run_workflow, task
+
+    world_dir, ledger, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
+
+    def step(ctx):
+        fd = os.open(ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.write(fd, (ctx.step_path + "\\n").encode())
+        os.close(fd)
+        return {"i": ctx.visit, "payload": "x" * 3000}
+
+    wf = Workflow("full", version="1", steps=[task(f"s{i}", step) for i in range(60)])
+    world = local_world(world_dir)
+    if limit:
+        # Every file of this process stops growing at `limit` bytes, as on a full disk.
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+    try:
+        result = asyncio.run(run_workflow(world, wf, {}, run_id="run_full"))
+    except WorldStorageError as exc:
+        print("WorldStorageError:", exc)
+        sys.exit(3)
+    print(result.state.status)
+    """
+)
+
+
+def test_a_disk_that_stops_taking_writes_stops_the_run_and_a_resume_finishes_it(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "child.py"
+    script.write_text(_FULL_DISK_CHILD)
+    world_dir, ledger = tmp_path / "world", tmp_path / "ledger"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def child(limit: int) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(script), str(world_dir), str(ledger), str(limit)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    full = child(300_000)
+    assert full.returncode == 3, full.stdout + full.stderr
+    assert "disk I/O error" in full.stdout and "check the disk" in full.stdout
+    ran_before = ledger.read_text().split()
+    assert 3 < len(ran_before) < 60, ran_before
+
+    with local_world(world_dir) as world:
+        log = world.read_run_log("run_full")
+        assert not [e for e in log if isinstance(e, StepFailed | RunFailed)]
+        committed = [
+            p
+            for p, s in replay_run(world, "run_full").state.steps.items()
+            if s.status == "completed"
+        ]
+
+    done = child(0)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip() == "completed"
+    ran = ledger.read_text().split()
+    assert sorted(set(ran)) == sorted(f"s{i}" for i in range(60))
+    # Only the step in flight when the disk refused ran twice; no committed step again.
+    again = [p for p in set(ran) if ran.count(p) > 1]
+    assert len(again) <= 1 and not set(again) & set(committed)
