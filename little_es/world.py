@@ -1402,7 +1402,18 @@ def local_world(
         root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise WorldConfigError(f"cannot create data_dir {str(root)!r}: {exc}") from exc
-    return World(SQLiteBackend(LittleApplication, root, synchronous=synchronous))
+    try:
+        backend = SQLiteBackend(LittleApplication, root, synchronous=synchronous)
+    except PersistenceError as exc:
+        hint = (
+            "free disk space there"
+            if any(s in str(exc).lower() for s in _FULL_DISK)
+            else "check the directory's permissions and disk"
+        )
+        raise WorldConfigError(
+            f"cannot open SQLite world sqlite:///{root.resolve()}: {exc}: {hint}"
+        ) from exc
+    return World(backend)
 
 
 def postgres_world(dsn: str, *, schema: str = "") -> World:

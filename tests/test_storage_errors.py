@@ -195,3 +195,29 @@ def test_a_disk_that_stops_taking_writes_stops_the_run_and_a_resume_finishes_it(
     # Only the step in flight when the disk refused ran twice; no committed step again.
     again = [p for p in set(ran) if ran.count(p) > 1]
     assert len(again) <= 1 and not set(again) & set(committed)
+
+
+def test_a_world_that_cannot_be_written_does_not_open(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        """
+        import resource, signal, sys
+        from little_es import WorldConfigError, local_world
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))
+        try:
+            local_world(sys.argv[1])
+        except WorldConfigError as exc:
+            print("WorldConfigError:", exc)
+        """
+    )
+    opened = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "world")],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert opened.returncode == 0, opened.stderr
+    assert opened.stdout.startswith("WorldConfigError: cannot open SQLite world"), opened.stdout

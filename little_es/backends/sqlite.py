@@ -44,6 +44,7 @@ from eventsourcing.persistence import (
     IntegrityError,
     InterfaceError,
     Notification,
+    OperationalError,
     StoredEvent,
     Tracking,
 )
@@ -254,14 +255,22 @@ class _SQLiteConnectionPool(SQLiteConnectionPool):
             )
         except (sqlite3.Error, TypeError) as e:
             raise InterfaceError(e) from e
-        if not self.is_sqlite_memory_mode and not self.is_journal_mode_wal:
-            if c.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
-                c.execute("PRAGMA journal_mode=WAL")
-                self.journal_mode_was_changed_to_wal = True
-            self.is_journal_mode_wal = True
+        try:
+            if not self.is_sqlite_memory_mode and not self.is_journal_mode_wal:
+                if c.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                    c.execute("PRAGMA journal_mode=WAL")
+                    self.journal_mode_was_changed_to_wal = True
+                self.is_journal_mode_wal = True
+            # Per connection: SQLite does not store this pragma in the file.
+            c.execute(f"PRAGMA synchronous={self.synchronous}")
+        except sqlite3.Error as e:
+            c.close()
+            if _is_corruption(e):
+                raise  # refused by name where it surfaces (_refusing_corruption)
+            # A full disk: eventsourcing's error, as for the statements that follow,
+            # which the world turns into a WorldStorageError.
+            raise OperationalError(e) from e
         c.row_factory = sqlite3.Row  # eventsourcing's recorders read rows by column name
-        # Per connection: SQLite does not store this pragma in the file.
-        c.execute(f"PRAGMA synchronous={self.synchronous}")
         return SQLiteConnection(sqlite_conn=c, max_age=self.max_age)
 
 
