@@ -221,3 +221,45 @@ def test_a_world_that_cannot_be_written_does_not_open(tmp_path: Path) -> None:
     )
     assert opened.returncode == 0, opened.stderr
     assert opened.stdout.startswith("WorldConfigError: cannot open SQLite world"), opened.stdout
+
+
+def test_an_artifact_the_disk_refuses_stops_the_run_with_nothing_recorded(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        """
+        import asyncio, resource, signal, sys
+        from little_es import Workflow, WorldStorageError, local_world, run_workflow, task
+
+        big = {"text": "y" * 300_000}  # over the inline limit: stored as an artifact
+        wf = Workflow("art", version="1", steps=[task("small", lambda ctx: {"ok": 1}),
+                                                 task("big", lambda ctx: big)])
+        world = local_world(sys.argv[1])
+        if sys.argv[2] == "limit":
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, resource.RLIM_INFINITY))
+        try:
+            print(asyncio.run(run_workflow(world, wf, {}, run_id="run_art")).state.status)
+        except WorldStorageError as exc:
+            print("WorldStorageError:", exc)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    world_dir = tmp_path / "world"
+
+    def child(mode: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", script, str(world_dir), mode],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    refused = child("limit")
+    assert refused.startswith("WorldStorageError: the artifact store could not write"), refused
+    assert "step 'big'" in refused
+    with local_world(world_dir) as world:
+        assert not [e for e in world.read_run_log("run_art") if isinstance(e, StepFailed)]
+    assert child("none") == "completed"

@@ -36,12 +36,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 from uuid import UUID
 
 import orjson
 from eventsourcing.application import Application
-from eventsourcing.persistence import Tracking, TrackingRecorder
+from eventsourcing.persistence import PersistenceError, Tracking, TrackingRecorder
 from pydantic import BaseModel, ConfigDict
 
 from little_es.chain import Head
@@ -50,6 +50,7 @@ from little_es.errors import (
     ArtifactNotFoundError,
     ConcurrentRunError,
     LeaseLostError,
+    WorldStorageError,
 )
 from little_es.ids import run_stream_id, validate_run_id
 from little_es.materialize import MaterializedRunState, RunStatus
@@ -204,8 +205,14 @@ class ArtifactStore(ABC):
     bytes. A blob is written (and flushed to disk) before the event that
     references it is appended, so a committed ``StepCompleted`` never points
     at bytes that are not there; a corrupt or swapped blob is refused, never
-    returned. A store implements :meth:`_write_blob` and :meth:`_read_blob`.
+    returned. A store implements :meth:`_write_blob` and :meth:`_read_blob`, and names
+    its driver's errors in :attr:`driver_errors`.
     """
+
+    driver_errors: ClassVar[tuple[type[Exception], ...]] = ()
+    """The errors of the store's database driver: a write failing with one of them (or an
+    ``OSError``, or eventsourcing's persistence errors) is a
+    :class:`~little_es.errors.WorldStorageError`, never the failure of the step writing."""
 
     def put(
         self,
@@ -221,7 +228,17 @@ class ArtifactStore(ABC):
         data = bytes(data)
         validate_run_id(run_id)
         sha = artifact_digest(data)
-        self._write_blob(sha, data)
+        failures: tuple[type[Exception], ...] = (OSError, PersistenceError, *self.driver_errors)
+        try:
+            self._write_blob(sha, data)
+        except failures as exc:
+            # The store failing is not the failure of the step whose output this is.
+            raise WorldStorageError(
+                f"the artifact store could not write {len(data):,} bytes for run {run_id!r},"
+                f" step {step_path!r}: {exc}. Nothing referencing them was recorded: free"
+                " space where the world's artifacts are stored (or bring their database"
+                " back), then resume the run"
+            ) from exc
         return ArtifactRef(
             artifact_id=f"sha256:{sha}",
             sha256=sha,

@@ -70,6 +70,7 @@ from eventsourcing_sqlalchemy.recorders import (
 from sqlalchemy import Column, LargeBinary, text
 from sqlalchemy.dialects.mysql import LONGBLOB
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from little_es.backends.base import (
@@ -487,6 +488,8 @@ class LittleSQLAlchemyFactory(SQLAlchemyFactory):
 
 class MySQLArtifactStore(ArtifactStore):
     """Blobs in a table of the world's own database, in rows of :data:`ARTIFACT_CHUNK` bytes."""
+
+    driver_errors = (SQLAlchemyError, pymysql.err.Error)
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine

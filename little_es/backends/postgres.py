@@ -653,6 +653,8 @@ class LittlePostgresFactory(PostgresFactory):
 class PostgresArtifactStore(ArtifactStore):
     """Blobs in a table of the world's own PostgreSQL database."""
 
+    driver_errors = (psycopg.Error,)
+
     def __init__(
         self, pool: ConnectionPool[Any], table: str = "little_es_artifacts", *, owns_pool: bool
     ) -> None:
