@@ -99,8 +99,8 @@ class VerifyReport(BaseModel):
 
     @property
     def undecoded(self) -> int:
-        """How many streams that hold hold events this process could not decode (their
-        classes not imported): not known to be broken, and not fully checked either."""
+        """How many streams hold events this process could not decode (their classes not
+        imported), their chains holding: not known to be broken, nor fully checked."""
         return sum(s.problem is None and bool(s.undecoded) for s in self.streams)
 
     @property
