@@ -23,7 +23,10 @@ the world's; a table of the scratch database, on a ``psycopg`` connection with
    checkpointed (``PRAGMA wal_checkpoint(TRUNCATE)``), so the figure is the
    stable size, over N; PostgreSQL, ``pg_total_relation_size`` (heap, indexes,
    TOAST) of every table of the world's schema, over N. Baseline: the floor's
-   file (checkpointed the same way) or table after the same N steps.
+   file (checkpointed the same way) or table after the same N steps. Without
+   ``--quick``, also what a further step adds: (bytes at 10,000 - at 1,000) /
+   9,000, which leaves out the pages every world's tables start with (on
+   PostgreSQL a table's free-space and visibility maps, each index's root).
 3. resume of 1,000 steps with 900 recorded (the building run stopped right after
    its 900th ``StepCompleted`` by an observer that raises, as a kill would leave
    it), on a fresh copy (SQLite) or a fresh build (PostgreSQL), the world opened
@@ -35,10 +38,17 @@ the world's; a table of the scratch database, on a ``psycopg`` connection with
    calls, recorded. Overhead per call = (``run_workflow``'s wall time - the same
    model/tool loop with no recording) / 101, medians of ``--reps``; bytes on disk
    per recorded call = (the world's bytes, measured as in 2, after the run - an
-   empty world's) / 101.
+   empty world's) / 101; and what a further call adds, the conversation growing
+   all the way: (the bytes after an agent step of 250 such turns - after the 50
+   turns) / 400 calls.
+5. with ``--split``, where the time of a task step of figure 1 (async) and of a
+   call of figure 4 goes, on SQLite and in ``memory_world`` (no database): the
+   fsynced ``COMMIT``, the rest of ``World.save`` (encoding, the hash chain, the
+   statements) and the engine outside ``World.save``, timed by wrapping those two
+   methods for the run.
 
     .venv/bin/python -m benchmarks.bench_peer [--sizes 100,1000] [--reps 5] \
-        [--backends sqlite,postgres] [--quick] [--only agent] [--profile] [--json]
+        [--backends sqlite,postgres] [--quick] [--only agent] [--profile] [--split] [--json]
 
 PostgreSQL is skipped, with the reason printed, when the server cannot be reached.
 """
@@ -81,6 +91,7 @@ from little_es import (
     agent,
     configure_logging,
     local_world,
+    memory_world,
     postgres_world,
     run_workflow,
     task,
@@ -93,6 +104,8 @@ RESUME_DONE = 900
 AGENT_TURNS = 50
 AGENT_CALLS = (AGENT_TURNS + 1) + AGENT_TURNS
 """51 model calls and 50 tool calls."""
+AGENT_TURNS_LONG = 250
+"""The longer agent step of the marginal bytes per call: 251 model calls and 250 tool calls."""
 
 _FIRST_CALL: list[float] = []
 """When a step function was first called since it was last emptied (the resume's first new
@@ -136,11 +149,11 @@ def steps_workflow(n: int, variant: str = "sync") -> Workflow:
     )
 
 
-def agent_workflow() -> tuple[Workflow, ScriptedModel]:
-    """One agent step: 50 turns of one tool call each, then the answer."""
-    model = _model(AGENT_TURNS, 1)
+def agent_workflow(turns: int = AGENT_TURNS) -> tuple[Workflow, ScriptedModel]:
+    """One agent step: ``turns`` turns of one tool call each, then the answer."""
+    model = _model(turns, 1)
     step = agent(
-        "agent", model=model, prompt=PROMPT, tools=[ECHO], system=SYSTEM, max_turns=AGENT_TURNS + 1
+        "agent", model=model, prompt=PROMPT, tools=[ECHO], system=SYSTEM, max_turns=turns + 1
     )
     return Workflow("bench-peer-agent", steps=[step]), model
 
@@ -556,8 +569,8 @@ def per_step(kind: Kind, n: int, reps: int, figures: Figures) -> None:
         )
 
 
-def bytes_per_step(kind: Kind, n: int, empty: int, figures: Figures) -> None:
-    """Figure 2 at one size."""
+def bytes_per_step(kind: Kind, n: int, empty: int, figures: Figures) -> int:
+    """Figure 2 at one size; the world's bytes."""
     wf = steps_workflow(n)
     with kind.place() as place:
         with kind.world(place) as world:
@@ -584,6 +597,25 @@ def bytes_per_step(kind: Kind, n: int, empty: int, figures: Figures) -> None:
     for part, size in sorted(parts.items(), key=lambda item: -item[1]):
         if size >= n // 10:
             figures.add(f"{kind.name}: of those, {part}, per step, N={n:,}", size / n, "B")
+    return ours
+
+
+def marginal_bytes_per_step(kind: Kind, sizes: dict[int, int], figures: Figures) -> None:
+    """Figure 2's growth: what a further step adds, between the smallest and largest N.
+
+    A world's tables start with pages that a run of any length needs (PostgreSQL's
+    free-space and visibility maps, an index's root, a heads row rewritten in place),
+    which the per-step figure at N spreads over N; this one leaves them out.
+    """
+    small, large = min(sizes), max(sizes)
+    if small == large:
+        return
+    figures.add(
+        f"{kind.name}: bytes on disk per step, added from N={small:,} to N={large:,}"
+        f" ((bytes at {large:,} - at {small:,}) / {large - small:,})",
+        (sizes[large] - sizes[small]) / (large - small),
+        "B",
+    )
 
 
 def resume(kind: Kind, reps: int, figures: Figures) -> None:
@@ -658,6 +690,22 @@ def agent_step(kind: Kind, reps: int, empty: int, figures: Figures) -> None:
         (statistics.median(stored) - empty) / AGENT_CALLS,
         "B",
     )
+    # What a further call adds, the pages any world's tables start with left out (as in
+    # marginal_bytes_per_step); the conversation grows all the way.
+    long_wf, long_model = agent_workflow(AGENT_TURNS_LONG)
+    with kind.place() as place:
+        with kind.world(place) as world:
+            asyncio.run(run_workflow(world, long_wf, {}, run_id=RUN_ID))
+        long_bytes = kind.world_bytes(place)
+    assert len(long_model.requests) == AGENT_TURNS_LONG + 1, len(long_model.requests)
+    added = (2 * AGENT_TURNS_LONG + 1) - AGENT_CALLS
+    figures.add(
+        f"{kind.name}: bytes on disk per recorded call, added from {AGENT_TURNS} to"
+        f" {AGENT_TURNS_LONG} turns ((bytes after {AGENT_TURNS_LONG} turns - after"
+        f" {AGENT_TURNS}) / {added} calls)",
+        (long_bytes - statistics.median(stored)) / added,
+        "B",
+    )
 
 
 def profile_agent_step(kind: Kind, top: int = 30) -> None:
@@ -682,6 +730,83 @@ def profile_agent_step(kind: Kind, top: int = 30) -> None:
     print(out.getvalue().rstrip())
 
 
+@dataclass
+class _Split:
+    """Seconds spent in ``World.save`` and, of those, in sqlite3's COMMIT (its fsync)."""
+
+    save: float = 0.0
+    commit: float = 0.0
+
+
+@contextlib.contextmanager
+def _timing_saves() -> Iterator[_Split]:
+    """Time every ``World.save`` and every SQLite COMMIT while in the block (wrapping the
+    two methods on their classes, restored on the way out)."""
+    import eventsourcing.sqlite
+
+    split = _Split()
+    save, commit = World.save, eventsourcing.sqlite.SQLiteConnection.commit
+
+    def timed_save(self: World, *args: Any, **kwargs: Any) -> None:
+        t0 = time.perf_counter()
+        try:
+            save(self, *args, **kwargs)
+        finally:
+            split.save += time.perf_counter() - t0
+
+    def timed_commit(self: eventsourcing.sqlite.SQLiteConnection) -> None:
+        t0 = time.perf_counter()
+        try:
+            commit(self)
+        finally:
+            split.commit += time.perf_counter() - t0
+
+    World.save = timed_save  # type: ignore[method-assign]
+    eventsourcing.sqlite.SQLiteConnection.commit = timed_commit  # type: ignore[method-assign]
+    try:
+        yield split
+    finally:
+        World.save = save  # type: ignore[method-assign]
+        eventsourcing.sqlite.SQLiteConnection.commit = commit  # type: ignore[method-assign]
+
+
+def split_step_time(kind: Kind, reps: int, figures: Figures) -> None:
+    """Where a task step's and an agent call's time goes, on SQLite and with no database
+    (``memory_world``): the fsynced COMMIT, the rest of ``World.save`` (encoding, the
+    hash chain, the statements), and the engine outside ``World.save``; medians of reps."""
+    cases: list[tuple[str, Callable[[], Workflow], int]] = [
+        (
+            f"a task step of {RESUME_N:,} async ones",
+            lambda: steps_workflow(RESUME_N, "async"),
+            RESUME_N,
+        ),
+        (
+            f"a call of the agent step of {AGENT_CALLS} calls",
+            lambda: agent_workflow()[0],
+            AGENT_CALLS,
+        ),
+    ]
+    for what, make, count in cases:
+        for name in ("memory", kind.name):
+            rows: list[tuple[float, float, float]] = []
+            for _ in range(reps):
+                with kind.place() as place:
+                    world = memory_world() if name == "memory" else kind.world(place)
+                    with world, _timing_saves() as split:
+                        total = _timed_run(world, make())
+                    rows.append((total, split.save, split.commit))
+            total, save, commit = (
+                statistics.median(col) / count * 1e6 for col in zip(*rows, strict=True)
+            )
+            figures.add(f"{name}: {what}, all of it, median of {reps}", total, "µs")
+            if name == "memory":
+                figures.add(f"{name}: of that, World.save", save, "µs")
+            else:
+                figures.add(f"{name}: of that, the fsynced COMMIT", commit, "µs")
+                figures.add(f"{name}: of that, World.save besides its COMMIT", save - commit, "µs")
+            figures.add(f"{name}: of that, the engine outside World.save", total - save, "µs")
+
+
 def empty_world_bytes(kind: Kind) -> int:
     """The bytes of a world opened and closed with nothing in it."""
     with kind.place() as place:
@@ -702,12 +827,14 @@ def measure(kind: Kind, args: argparse.Namespace, figures: Figures) -> None:
             per_step(kind, n, args.reps, figures)
     empty = empty_world_bytes(kind)
     if args.only != "agent":
-        for n in args.bytes_sizes:
-            bytes_per_step(kind, n, empty, figures)
+        sizes = {n: bytes_per_step(kind, n, empty, figures) for n in args.bytes_sizes}
+        marginal_bytes_per_step(kind, sizes, figures)
         resume(kind, args.reps, figures)
     agent_step(kind, args.reps, empty, figures)
     if args.profile:
         profile_agent_step(kind)
+    if args.split and kind.name == "sqlite":
+        split_step_time(kind, args.reps, figures)
     print(f"{kind.name}: measured in {time.perf_counter() - t0:.0f} s", flush=True)
 
 
@@ -758,6 +885,11 @@ def main(argv: list[str] | None = None) -> int:
         "--profile",
         action="store_true",
         help="also print a cProfile of the agent step (where its time goes)",
+    )
+    parser.add_argument(
+        "--split",
+        action="store_true",
+        help="also split a task step's and an agent call's time (SQLite, and no database)",
     )
     parser.add_argument(
         "--only",
