@@ -192,9 +192,9 @@ class MaterializedRunState(BaseModel):
     stopped_step_path: str | None = None
     """The step a ``budget_exceeded`` run stopped in (None: before a step)."""
     budget: Budget | None = None
+    """The run's budget (the latest ``BudgetSet``), over it and its sub-runs."""
     forked_from: ForkOrigin | None = None
     """A fork's origin and copied prefix (``RunForked``); None for a run that is no fork."""
-    """The run's budget (the latest ``BudgetSet``), over it and its sub-runs."""
     steps: Mapping[str, StepState] = FrozenDict()
     """Per step path, in the order the steps were first started."""
     waits: Mapping[str, WaitState] = FrozenDict()
