@@ -16,7 +16,10 @@ the world's; a table of the scratch database, on a ``psycopg`` connection with
    beforehand) over N, for a sync step function (run in a worker thread), the
    same with ``run_in_thread=False``, and an async one; at each of ``--sizes``
    (100, 1,000); medians of ``--reps`` (5) repetitions, the four measurements
-   interleaved in each.
+   interleaved in each. On SQLite also a fifth: the floor with its WAL grown ahead
+   of its frames by the world's own code (a world writes its WAL's blocks before
+   its commits need them; a bare driver's first 1,000 pages of commits each extend
+   the file, which costs its fsync more), and the async steps over that floor.
 2. bytes on disk per step of a finished run of N sync steps (1,000 and 10,000;
    1,000 with ``--quick``): SQLite, every file in the data dir (events file, WAL,
    lease and id files), measured after the world is closed and its WAL
@@ -96,6 +99,7 @@ from little_es import (
     run_workflow,
     task,
 )
+from little_es.backends.sqlite import _WalPreallocation
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 RUN_ID = "run_bench_peer"
@@ -158,8 +162,16 @@ def agent_workflow(turns: int = AGENT_TURNS) -> tuple[Workflow, ScriptedModel]:
     return Workflow("bench-peer-agent", steps=[step]), model
 
 
-def _timed_run(world: World, wf: Workflow) -> float:
+def _quiet() -> None:
+    """Before a timed run: the disk's pending writes and the blocks freed by the places
+    just removed (which a ``discard`` mount trims at the next journal commit) flushed, so
+    that neither lands in the run's fsyncs; and a collection."""
+    os.sync()
     gc.collect()
+
+
+def _timed_run(world: World, wf: Workflow) -> float:
+    _quiet()
     t0 = time.perf_counter()
     asyncio.run(run_workflow(world, wf, {}, run_id=RUN_ID))
     return time.perf_counter() - t0
@@ -187,7 +199,7 @@ def build_partial(world: World, wf: Workflow, done: int) -> None:
 def timed_resume(world: World, wf: Workflow) -> tuple[float, float]:
     """(seconds until the first new step's function is called, seconds to the end)."""
     _FIRST_CALL.clear()
-    gc.collect()
+    _quiet()
     t0 = time.perf_counter()
     result = asyncio.run(run_workflow(world, wf, run_id=RUN_ID))
     total = time.perf_counter() - t0
@@ -229,7 +241,7 @@ class Floor:
 
     def resume(self, n: int) -> tuple[float, float]:
         """(seconds until the first new step starts, seconds to the end) of resuming the run."""
-        gc.collect()
+        _quiet()
         t0 = time.perf_counter()
         rows = self.conn.execute(self._select, (RUN_ID,)).fetchall()
         loads = orjson.loads
@@ -241,14 +253,19 @@ class Floor:
 
     def timed(self, n: int) -> float:
         """Seconds for N steps."""
-        gc.collect()
+        _quiet()
         t0 = time.perf_counter()
         self.run(n)
         return time.perf_counter() - t0
 
 
 class SqliteFloor(Floor):
-    """sqlite3, autocommit off, BEGIN / INSERT / COMMIT per step."""
+    """sqlite3, autocommit off, BEGIN / INSERT / COMMIT per step; with ``wal``, the WAL
+    grown before each COMMIT as a world grows its own."""
+
+    def __init__(self, conn: Any, table: Any, wal: _WalPreallocation | None = None) -> None:
+        super().__init__(conn, table)
+        self._wal = wal
 
     def _statement(self, text: str, table: Any) -> Any:
         return text.format(table).replace("%s", "?")
@@ -256,6 +273,8 @@ class SqliteFloor(Floor):
     def _commit_one(self, step: str, output: bytes) -> None:
         self.conn.execute("BEGIN")
         self.conn.execute(self._insert, (RUN_ID, step, output))
+        if self._wal is not None:
+            self._wal.grow(self.conn.cursor())
         self.conn.execute("COMMIT")
 
 
@@ -311,8 +330,11 @@ class Kind:
         """The largest parts of :meth:`world_bytes`, by table or index (the world closed)."""
         raise NotImplementedError
 
+    grown_floor = False
+    """Whether :meth:`floor` takes ``grown_wal`` (a floor whose WAL is grown as a world's)."""
+
     @contextlib.contextmanager
-    def floor(self, place: Place) -> Iterator[Floor]:
+    def floor(self, place: Place, *, grown_wal: bool = False) -> Iterator[Floor]:
         """A floor writing into ``place``."""
         raise NotImplementedError
         yield
@@ -399,18 +421,23 @@ class SqliteKind(Kind):
             conn.close()
         return {str(name): int(size) for name, size in rows}
 
+    grown_floor = True
+
     @contextlib.contextmanager
-    def floor(self, place: Place) -> Iterator[Floor]:
-        """A WAL-mode file with synchronous=FULL, as the world's."""
+    def floor(self, place: Place, *, grown_wal: bool = False) -> Iterator[Floor]:
+        """A WAL-mode file with synchronous=FULL, as the world's; with ``grown_wal``, its
+        WAL grown ahead of its frames by the world's own code."""
         assert place.path is not None
         directory = place.path / "floor"
         directory.mkdir(exist_ok=True)
-        conn = sqlite3.connect(directory / "floor.sqlite3", isolation_level=None)
+        path = directory / "floor.sqlite3"
+        conn = sqlite3.connect(path, isolation_level=None)
         try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute(f"CREATE TABLE IF NOT EXISTS steps {_FLOOR_TABLE.format('BLOB')}")
-            yield SqliteFloor(conn, "steps")
+            wal = _WalPreallocation(f"{path}-wal") if grown_wal else None
+            yield SqliteFloor(conn, "steps", wal)
         finally:
             conn.close()
 
@@ -511,8 +538,9 @@ class PostgresKind(Kind):
         return parts
 
     @contextlib.contextmanager
-    def floor(self, place: Place) -> Iterator[Floor]:
-        """A table of the schema, on a connection with synchronous_commit=on."""
+    def floor(self, place: Place, *, grown_wal: bool = False) -> Iterator[Floor]:
+        """A table of the schema, on a connection with synchronous_commit=on (the server
+        keeps its WAL's segments written ahead itself)."""
         table = sql.Identifier(place.schema, "floor")
         conn = self._connect()
         try:
@@ -550,10 +578,14 @@ def per_step(kind: Kind, n: int, reps: int, figures: Figures) -> None:
     """Figure 1 at one size: the three variants and the floor, interleaved."""
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
     floor_times: list[float] = []
+    grown_times: list[float] = []
     workflows = {v: steps_workflow(n, v) for v in VARIANTS}
     for _ in range(reps):
         with kind.place() as place, kind.floor(place) as floor:
             floor_times.append(floor.timed(n))
+        if kind.grown_floor:
+            with kind.place() as place, kind.floor(place, grown_wal=True) as floor:
+                grown_times.append(floor.timed(n))
         for variant, wf in workflows.items():
             with kind.place() as place, kind.world(place) as world:
                 times[variant].append(_timed_run(world, wf))
@@ -566,6 +598,26 @@ def per_step(kind: Kind, n: int, reps: int, figures: Figures) -> None:
             "ms",
             baseline=floor_ms,
             baseline_what="the floor: one INSERT of the step's output + fsynced COMMIT a step",
+        )
+    if grown_times:
+        # The world writes its WAL's blocks ahead of its commits (_WalPreallocation); a
+        # bare driver does not, and its first 1,000 pages of commits cost more for it.
+        grown_ms = _median_ms(grown_times, n)
+        figures.add(
+            f"{kind.name}: the floor with its WAL grown ahead as a world's, N={n:,}, per"
+            f" step, median of {reps}",
+            grown_ms,
+            "ms",
+            baseline=floor_ms,
+            baseline_what="the floor",
+        )
+        figures.add(
+            f"{kind.name}: run_workflow of {n:,} trivial async task steps, per step, over"
+            " that floor",
+            _median_ms(times["async"], n),
+            "ms",
+            baseline=grown_ms,
+            baseline_what="the floor with its WAL grown ahead as a world's",
         )
 
 

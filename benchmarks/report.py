@@ -139,10 +139,7 @@ def run_torture(kills: int, seed: int) -> tuple[str, list[str]]:
         if not line:
             line = f"torture failed (exit code {done.returncode}): {done.stderr.strip()[-500:]}"
         # The temporary directory means nothing to a reader.
-        return line.replace(world, "sqlite:///$TMP/world"), [
-            *command[:-1],
-            "sqlite:///$TMP/world",
-        ]
+        return line.replace(world, "sqlite:///$TMP/world"), [*command[:-1], _TORTURE_WORLD]
 
 
 # ------------------------------------------------------------------ the table
@@ -163,9 +160,16 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+_TORTURE_WORLD = "sqlite:///$(mktemp -d)/world"
+"""The torture run's world as the table shows it: a new temporary directory, which the
+reader's shell makes."""
+
+
 def _shown(command: Sequence[str]) -> str:
     """The command as a reader types it: ``python``, not this interpreter's path."""
-    return shlex.join(["python", *command[1:]])
+    shown = shlex.join(["python", *command[1:]])
+    # In double quotes, not shlex's single ones: the shell must run the mktemp.
+    return shown.replace(shlex.quote(_TORTURE_WORLD), f'"{_TORTURE_WORLD}"')
 
 
 def _ratio(ratio: float) -> str:

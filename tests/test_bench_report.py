@@ -13,7 +13,15 @@ from pathlib import Path
 import pytest
 
 from benchmarks.figures import Figure, Figures, cost_ratio
-from benchmarks.report import HEADER, QUICK, Result, assemble, benchmarks, run_benchmark
+from benchmarks.report import (
+    _TORTURE_WORLD,
+    HEADER,
+    QUICK,
+    Result,
+    assemble,
+    benchmarks,
+    run_benchmark,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -60,3 +68,11 @@ def test_every_benchmark_reports_json_and_has_a_quick_size() -> None:
         source = (REPO / "benchmarks" / f"{name}.py").read_text()
         assert "add_json_option(parser)" in source and "reporting(" in source, name
     assert sorted(QUICK) == names
+
+
+def test_the_torture_command_shown_makes_its_own_directory() -> None:
+    # A reader pastes it into a shell: the world's directory must come from mktemp, not
+    # be a literal "$TMP" directory made where they stand.
+    line, command = "torture violations=0", ["python", "-m", "tests.torture", "--world"]
+    table = assemble([], (line, [*command, _TORTURE_WORLD]))
+    assert '--world "sqlite:///$(mktemp -d)/world"`' in table
