@@ -45,8 +45,9 @@ the world's; a table of the scratch database, on a ``psycopg`` connection with
    all the way: (the bytes after an agent step of 250 such turns - after the 50
    turns) / 400 calls.
 5. with ``--split``, where the time of a task step of figure 1 (async) and of a
-   call of figure 4 goes, on SQLite and in ``memory_world`` (no database): the
-   fsynced ``COMMIT``, the rest of ``World.save`` (encoding, the hash chain, the
+   call of figure 4 goes, on SQLite, on SQLite with ``synchronous="normal"`` (no
+   commit waits for the disk) and in ``memory_world`` (no database): the
+   ``COMMIT``, the rest of ``World.save`` (encoding, the hash chain, the
    statements) and the engine outside ``World.save``, timed by wrapping those two
    methods for the run.
 
@@ -823,9 +824,10 @@ def _timing_saves() -> Iterator[_Split]:
 
 
 def split_step_time(kind: Kind, reps: int, figures: Figures) -> None:
-    """Where a task step's and an agent call's time goes, on SQLite and with no database
-    (``memory_world``): the fsynced COMMIT, the rest of ``World.save`` (encoding, the
-    hash chain, the statements), and the engine outside ``World.save``; medians of reps."""
+    """Where a task step's and an agent call's time goes, on SQLite (with its default
+    ``synchronous="full"`` and with ``"normal"``) and with no database (``memory_world``):
+    the COMMIT, the rest of ``World.save`` (encoding, the hash chain, the statements),
+    and the engine outside ``World.save``; medians of reps."""
     cases: list[tuple[str, Callable[[], Workflow], int]] = [
         (
             f"a task step of {RESUME_N:,} async ones",
@@ -838,12 +840,24 @@ def split_step_time(kind: Kind, reps: int, figures: Figures) -> None:
             AGENT_CALLS,
         ),
     ]
+    normal = f"{kind.name} synchronous=normal"
+
+    def world_of(name: str, place: Place) -> World:
+        if name == "memory":
+            return memory_world()
+        if name == normal:
+            assert place.path is not None
+            return local_world(place.path / "world", synchronous="normal")
+        return kind.world(place)
+
     for what, make, count in cases:
-        for name in ("memory", kind.name):
+        # With synchronous=normal no commit waits for the disk: the same Python, not
+        # slowed by an fsync before it.
+        for name in ("memory", kind.name, normal):
             rows: list[tuple[float, float, float]] = []
             for _ in range(reps):
                 with kind.place() as place:
-                    world = memory_world() if name == "memory" else kind.world(place)
+                    world = world_of(name, place)
                     with world, _timing_saves() as split:
                         total = _timed_run(world, make())
                     rows.append((total, split.save, split.commit))
@@ -854,7 +868,8 @@ def split_step_time(kind: Kind, reps: int, figures: Figures) -> None:
             if name == "memory":
                 figures.add(f"{name}: of that, World.save", save, "µs")
             else:
-                figures.add(f"{name}: of that, the fsynced COMMIT", commit, "µs")
+                fsynced = "" if name == normal else "fsynced "
+                figures.add(f"{name}: of that, the {fsynced}COMMIT", commit, "µs")
                 figures.add(f"{name}: of that, World.save besides its COMMIT", save - commit, "µs")
             figures.add(f"{name}: of that, the engine outside World.save", total - save, "µs")
 
@@ -941,7 +956,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--split",
         action="store_true",
-        help="also split a task step's and an agent call's time (SQLite, and no database)",
+        help="also split a task step's and an agent call's time (SQLite, also with"
+        " synchronous=normal, and no database)",
     )
     parser.add_argument(
         "--only",
