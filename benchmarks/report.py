@@ -50,6 +50,7 @@ QUICK: dict[str, list[str]] = {
     "bench_storage": ["--events", "20000", "--single", "100", "--repeat", "2"],
     "bench_temporal": ["--steps", "10", "--repeat", "3"],
     "bench_transfer": ["--runs", "3", "--repeat", "2"],
+    "bench_wal": ["--commits", "200", "--repeat", "2"],
     "bench_write_check": ["--events", "2000", "--repeat", "5"],
 }
 """Each benchmark's smaller sizes for ``--quick`` (a benchmark not named runs as it is)."""

@@ -249,12 +249,12 @@ class _WalPreallocation:
 
     An fsynced commit whose frames extend the WAL file costs more than one whose frames
     overwrite blocks the file already has: the fdatasync must then also journal the
-    file's new size and blocks (measured on ext4 here: a bare sqlite3 commit 200 us
-    against 135, a world's commit of an agent call 360 against 175). SQLite reuses its
-    WAL from the start after each checkpoint, so a world in steady use overwrites; but
-    SQLite deletes the WAL when the last connection closes, and without this a new
-    process's first 1,000 pages of commits (some 300 steps or agent calls) would all
-    extend it.
+    file's new size and blocks (measured on ext4 here: a bare sqlite3 commit 205-264 us
+    against 127, ``benchmarks/bench_wal.py``; a world's commit of an agent call 323-372
+    against 197, ``bench_peer --split``). SQLite reuses its WAL from the start after
+    each checkpoint, so a world in steady use overwrites; but SQLite deletes the WAL
+    when the last connection closes, and without this a new process's first 1,000
+    pages of commits (some 300 steps or agent calls) would all extend it.
 
     :meth:`grow` is called inside a commit that fsyncs, after its first write statement,
     so this connection holds SQLite's WAL write lock: no process has written a frame past
@@ -266,7 +266,7 @@ class _WalPreallocation:
     SQLite's default ``journal_size_limit`` (-1, which little_es keeps), SQLite never
     truncates the file while it is in use. Neither ``ftruncate`` nor ``fallocate``
     would do: they leave a hole or an unwritten extent, whose first write journals as an
-    append does (measured: as slow as appending).
+    append does (``bench_wal``: as slow as appending).
     """
 
     def __init__(self, path: str) -> None:
@@ -284,7 +284,7 @@ class _WalPreallocation:
             # The size by lseek, not stat: on recent Linux (multigrain timestamps; seen
             # on 6.18) a stat between writes makes each following write set a
             # fine-grained mtime, an inode update that cost each fsynced commit about
-            # 60 us here.
+            # 80 us here (bench_wal).
             size = os.lseek(fd, 0, os.SEEK_END)
             if size == self._left or size >= self._limit > 0:
                 return
