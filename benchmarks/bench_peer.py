@@ -437,7 +437,7 @@ class SqliteKind(Kind):
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute(f"CREATE TABLE IF NOT EXISTS steps {_FLOOR_TABLE.format('BLOB')}")
-            wal = _WalPreallocation(f"{path}-wal") if grown_wal else None
+            wal = _WalPreallocation() if grown_wal else None
             yield SqliteFloor(conn, "steps", wal)
         finally:
             conn.close()

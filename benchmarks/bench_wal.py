@@ -51,7 +51,7 @@ def _sqlite_commits(root: Path, mode: str, commits: int) -> float:
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute("CREATE TABLE t (s INT, v INT, b BLOB, PRIMARY KEY (s, v))")
         conn.execute("CREATE TABLE h (s INT PRIMARY KEY, v INT) WITHOUT ROWID")
-        wal = _WalPreallocation(f"{path}-wal")
+        wal = _WalPreallocation()
 
         def commit(stream: int, i: int) -> None:
             conn.execute("BEGIN")

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from little_es import (
+    RunNotFoundError,
     StepContext,
     Workflow,
     local_world,
@@ -147,6 +148,64 @@ def test_a_write_the_disk_refuses_leaves_the_commit_to_sqlite(
         assert _zero_tail(_wal(tmp_path)) < _FRAME  # nothing written past SQLite's frames
     with local_world(tmp_path) as world:
         assert replay_run(world, "run_wal").state.status == "completed"
+
+
+def test_a_wal_that_cannot_be_opened_leaves_the_commit_to_sqlite(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_open = os.open
+
+    def no_fds(path: str, flags: int, *args: int) -> int:
+        if str(path).endswith("-wal"):
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", no_fds)
+    with local_world(tmp_path) as world:
+        result = asyncio.run(run_workflow(world, _steps(5), {}, run_id="run_wal"))
+        assert result.state.status == "completed"
+        assert _zero_tail(_wal(tmp_path)) < _FRAME
+
+
+def test_a_world_opened_by_a_relative_path_keeps_to_its_files_after_a_chdir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another world at the same relative path under the directory changed to: its WAL,
+    # which a path looked up anew would find, must not take this world's zeros.
+    here, there = tmp_path / "here", tmp_path / "there"
+    here.mkdir()
+    there.mkdir()
+    monkeypatch.chdir(here)
+    with local_world("w") as world, local_world(there / "w", synchronous="normal") as other:
+        asyncio.run(run_workflow(world, _steps(3), {}, run_id="run_here"))
+        asyncio.run(run_workflow(other, _steps(3), {}, run_id="run_there"))
+        other_wal = _wal(there / "w").read_bytes()
+        other_files = sorted((there / "w").rglob("*"))
+        monkeypatch.chdir(there)
+        asyncio.run(run_workflow(world, _steps(40), {}, run_id="run_after"))
+        assert _wal(there / "w").read_bytes() == other_wal
+        assert sorted((there / "w").rglob("*")) == other_files  # its leases, artifacts
+        assert _zero_tail(_wal(here / "w")) >= _FRAME
+        assert replay_run(world, "run_after").state.status == "completed"
+    with local_world(there / "w") as other:
+        assert replay_run(other, "run_there").state.status == "completed"
+        with pytest.raises(RunNotFoundError):
+            other.read_run_log("run_after")
+        assert verify_world(other).ok
+    with local_world(here / "w") as world:
+        assert verify_world(world).ok
+
+
+def test_the_wal_grown_is_the_one_sqlite_writes_through_a_symlink(tmp_path: Path) -> None:
+    # SQLite names the WAL after the file a symlinked events file points to.
+    data_dir, elsewhere = tmp_path / "world", tmp_path / "elsewhere"
+    data_dir.mkdir()
+    elsewhere.mkdir()
+    (data_dir / "events.sqlite3").symlink_to(elsewhere / "events.sqlite3")
+    with local_world(data_dir) as world:
+        asyncio.run(run_workflow(world, _steps(5), {}, run_id="run_wal"))
+        assert not _wal(data_dir).exists()
+        assert _zero_tail(_wal(elsewhere)) >= _FRAME
 
 
 def test_normal_synchronous_leaves_the_wal_alone(tmp_path: Path) -> None:

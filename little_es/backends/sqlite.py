@@ -96,7 +96,11 @@ class SQLiteBackend(Backend):
     def __init__(
         self, app_class: ApplicationClass, data_dir: Path, *, synchronous: Synchronous = "full"
     ) -> None:
-        name = f"sqlite:///{data_dir.resolve()}"
+        # Resolved once: every file of the world (events, WAL, leases, artifacts, marker)
+        # is then where it was when the world opened, whatever directory the process
+        # changes to after (a relative path would name another world's files).
+        data_dir = data_dir.resolve()
+        name = f"sqlite:///{data_dir}"
         if (data_dir / MARKER_FILE).exists() and not (data_dir / "events.sqlite3").exists():
             # Refused before SQLite would create an empty file in its place.
             raise WorldIntegrityError(
@@ -269,32 +273,29 @@ class _WalPreallocation:
     append does (``bench_wal``: as slow as appending).
     """
 
-    def __init__(self, path: str) -> None:
-        self._path = path
-        self._limit = 0  # set from the page size at the first call
+    def __init__(self) -> None:
+        self._wal: str | None = None  # the WAL's path, from SQLite at the first call
+        self._limit = 0
         self._left = -1  # the size this last left the file at
 
     def grow(self, c: SQLiteCursor | sqlite3.Cursor) -> None:
         """Write zeros past the WAL's end if SQLite's frames have reached it (see above)."""
+        if self._wal is None:
+            self._wal, self._limit = _wal_file(c)
+        if not self._wal:
+            return  # a database with no file
         try:
-            fd = os.open(self._path, os.O_WRONLY)
-        except FileNotFoundError:
-            return  # not in WAL mode (yet): nothing to grow
+            fd = os.open(self._wal, os.O_WRONLY)
+        except OSError:
+            return  # no WAL (yet), or no file descriptor to spare: the commit goes on
         try:
             # The size by lseek, not stat: on recent Linux (multigrain timestamps; seen
             # on 6.18) a stat between writes makes each following write set a
             # fine-grained mtime, an inode update that cost each fsynced commit about
             # 80 us here (bench_wal).
             size = os.lseek(fd, 0, os.SEEK_END)
-            if size == self._left or size >= self._limit > 0:
+            if size == self._left or size >= self._limit:
                 return
-            if not self._limit:
-                c.execute("PRAGMA page_size")
-                self._limit = _WAL_HEADER + _WAL_AUTOCHECKPOINT * (
-                    _WAL_FRAME_HEADER + int(c.fetchone()[0])
-                )
-                if size >= self._limit:
-                    return
             end = min(self._limit, max(2 * size, _WAL_FIRST_GROWTH))
             try:
                 # Not fsynced here: this commit's own fsync, which follows, takes them.
@@ -309,12 +310,27 @@ class _WalPreallocation:
             os.close(fd)
 
 
+def _wal_file(c: SQLiteCursor | sqlite3.Cursor) -> tuple[str, int]:
+    """The path of the WAL of ``c``'s database and the size SQLite checkpoints it at.
+
+    The path is SQLite's own name of the file it opened (absolute, a symlink
+    resolved, as SQLite names its WAL after it), not one made from a relative path
+    against a working directory that may have changed; "" for a database with no file.
+    """
+    c.execute("PRAGMA database_list")
+    main = next((str(row[2]) for row in c.fetchall() if row[1] == "main"), "")
+    c.execute("PRAGMA page_size")
+    page = int(c.fetchone()[0])
+    wal = f"{main}-wal" if main else ""
+    return wal, _WAL_HEADER + _WAL_AUTOCHECKPOINT * (_WAL_FRAME_HEADER + page)
+
+
 class _SQLiteConnectionPool(SQLiteConnectionPool):
     def __init__(self, *, synchronous: Synchronous, **kwargs: Any) -> None:
         self.synchronous = synchronous.upper()
         super().__init__(**kwargs)
         self.wal = (
-            _WalPreallocation(f"{self.db_name}-wal")
+            _WalPreallocation()
             if self.synchronous == "FULL" and not self.is_sqlite_memory_mode
             else None
         )
