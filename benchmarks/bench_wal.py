@@ -136,20 +136,17 @@ def _main(args: argparse.Namespace, report: Figures) -> None:
         print(f"  {name:20} {value:7.1f} µs")
     what = f"median of {args.commits}, {args.repeat} rounds"
     step = "one row + a heads upsert, WAL, synchronous=FULL"
-    report.add(
-        f"sqlite3 commit ({step}) on a WAL grown ahead by _WalPreallocation, {what}",
-        us["sqlite grown"],
-        "µs",
-        baseline=us["sqlite fresh"],
-        baseline_what="the same on a fresh WAL (each commit extends it)",
-    )
-    report.add(
-        f"sqlite3 commit ({step}) on a WAL grown by an earlier cycle of its own frames, {what}",
-        us["sqlite cycled"],
-        "µs",
-        baseline=us["sqlite fresh"],
-        baseline_what="the same on a fresh WAL",
-    )
+    for mode, how in (
+        ("grown", "grown ahead by _WalPreallocation"),
+        ("cycled", "grown by an earlier cycle of its own frames"),
+    ):
+        report.add(
+            f"sqlite3 commit ({step}) on a WAL {how}, {what}",
+            us[f"sqlite {mode}"],
+            "µs",
+            baseline=us["sqlite fresh"],
+            baseline_what="the same on a fresh WAL (each commit extends it)",
+        )
     report.add(
         f"sqlite3 commit on a grown WAL with a stat of the WAL before each, {what}",
         us["sqlite grown+stat"],
