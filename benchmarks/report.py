@@ -44,6 +44,7 @@ QUICK: dict[str, list[str]] = {
     "bench_operate": ["--checks", "500", "--repeats", "3", "--sub-runs", "20"],
     "bench_orchestrator": ["--sizes", "50,200", "--repeat", "2"],
     "bench_peer": ["--quick"],
+    "bench_pg_layout": ["--steps", "5000"],
     "bench_replay": ["--events", "20000", "--repeat", "3"],
     "bench_runtime": ["--steps", "300", "--repeat", "2"],
     "bench_snapshots": ["--events", "5000", "--loads", "3"],
