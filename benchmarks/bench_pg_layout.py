@@ -140,8 +140,9 @@ def _sizes(conn: psycopg.Connection[Any], schema: str) -> dict[str, int]:
 
 
 def _run(statements: tuple[str, ...], conn: psycopg.Connection[Any], **names: str) -> None:
+    identifiers = {key: sql.Identifier(name) for key, name in names.items()}
     for text in statements:
-        conn.execute(sql.SQL(text.format(**{k: f'"{v}"' for k, v in names.items()})))
+        conn.execute(sql.SQL(text).format(**identifiers))
 
 
 def measure(kind: PostgresKind, n: int, figures: Figures) -> None:
