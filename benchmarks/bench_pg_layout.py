@@ -44,7 +44,7 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_peer import DEFAULT_DSN, RUN_ID, PostgresKind, steps_workflow
+from benchmarks.bench_peer import DEFAULT_DSN, RUN_ID, Place, PostgresKind, steps_workflow
 from benchmarks.figures import Figures, add_json_option, reporting
 from little_es import run_workflow
 from little_es.logging import configure_logging
@@ -58,9 +58,9 @@ class Layout:
     tables: tuple[str, ...]
     """The tables it adds to the schema (its events table first)."""
     create: tuple[str, ...]
-    """Its DDL; ``{s}`` is the schema, ``{e}`` the world's events table."""
+    """Its DDL; ``{s}`` is the schema."""
     copy: tuple[str, ...]
-    """The statements that copy the world's rows into it."""
+    """The statements that copy the world's rows into it; ``{e}`` is the world's events table."""
 
 
 _ES_COLUMNS = "originator_id, originator_version, topic, state, notification_id"
@@ -129,14 +129,14 @@ LAYOUTS = (
 """In order: the third reuses the second's key tables."""
 
 
-def _sizes(conn: psycopg.Connection[Any], schema: str) -> dict[str, int]:
-    rows = conn.execute(
-        "SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_class c"
-        " JOIN pg_namespace n ON n.oid = c.relnamespace"
-        " WHERE n.nspname = %s AND c.relkind = 'r'",
-        (schema,),
-    ).fetchall()
-    return {str(name): int(size) for name, size in rows}
+def _table_bytes(kind: PostgresKind, place: Place) -> dict[str, int]:
+    """Each table of the place's schema: its heap, TOAST and indexes."""
+    parts = kind.world_parts(place)
+    return {
+        name: size + parts[f"{name} indexes"]
+        for name, size in parts.items()
+        if not name.endswith(" indexes")
+    }
 
 
 def _run(statements: tuple[str, ...], conn: psycopg.Connection[Any], **names: str) -> None:
@@ -157,7 +157,7 @@ def measure(kind: PostgresKind, n: int, figures: Figures) -> None:
             floor.run(n)
         floor_bytes = kind.floor_bytes(place)
         with psycopg.connect(kind.dsn, autocommit=True) as conn:
-            world_parts = _sizes(conn, place.schema)
+            world_parts = _table_bytes(kind, place)
             world_parts.pop("floor")
             world_bytes = sum(world_parts.values())
             others = world_bytes - world_parts[events]
@@ -165,7 +165,7 @@ def measure(kind: PostgresKind, n: int, figures: Figures) -> None:
             for layout in LAYOUTS:
                 _run(layout.create, conn, s=place.schema)
                 _run(layout.copy, conn, s=place.schema, e=events)
-                sizes = _sizes(conn, place.schema)
+                sizes = _table_bytes(kind, place)
                 layouts[layout.name] = others + sum(sizes[t] for t in layout.tables)
     what = f"N={n:,}, pg_total_relation_size of the schema's tables"
     figures.add(
