@@ -240,7 +240,7 @@ def _postgres_sizes(dsn: str, schema: str) -> dict[str, int]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         found = conn.execute(
             sql.SQL("SELECT topic, avg(length(state)) FROM {} GROUP BY topic").format(
-                sql.Identifier(schema, "littlees_events")
+                sql.Identifier(schema, "little_es_rows")
             )
         ).fetchall()
     return {str(t): round(float(n)) for t, n in found if t in STEP_TOPICS}

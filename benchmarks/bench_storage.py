@@ -304,7 +304,7 @@ class PostgresBackend(Backend):
         with psycopg.connect(self.dsn) as conn:
             rows = conn.execute(
                 sql.SQL(
-                    "SELECT topic, state FROM {}.littlees_events WHERE originator_id = %s"
+                    "SELECT topic, state FROM {}.little_es_rows WHERE originator_id = %s"
                     " ORDER BY originator_version"
                 ).format(sql.Identifier(self.schema)),
                 (stream_id,),

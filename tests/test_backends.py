@@ -63,7 +63,11 @@ from little_es.backends.mysql import (
     LittleSQLAlchemyProcessRecorder,
     MySQLBackend,
 )
-from little_es.backends.postgres import LittlePostgresApplicationRecorder, LittlePostgresFactory
+from little_es.backends.postgres import (
+    CompactPostgresApplicationRecorder,
+    LittlePostgresApplicationRecorder,
+    LittlePostgresFactory,
+)
 from little_es.backends.sqlite import (
     SYNCHRONOUS_ENV,
     CompactSQLiteApplicationRecorder,
@@ -340,8 +344,32 @@ class PostgresStorage(conformance.WorldTestCase):
         return conn
 
 
+class PostgresEventsourcingLayoutStorage(PostgresStorage):
+    """A schema that holds eventsourcing's events table, as schemas made by versions before
+    the compact layout do: the world keeps that layout."""
+
+    def make_world(self) -> World:
+        """A PostgreSQL world in a schema that already has eventsourcing's events table."""
+        with self.connect() as conn:
+            conn.execute(_EVENTSOURCING_POSTGRES_EVENTS_TABLE)
+        world = postgres_world(self.dsn, schema=self.schema)
+        assert type(world.app.recorder) is LittlePostgresApplicationRecorder
+        return world
+
+
+# What eventsourcing 9's PostgreSQL application recorder creates (for the app LittleEs).
+_EVENTSOURCING_POSTGRES_EVENTS_TABLE = (
+    "CREATE TABLE IF NOT EXISTS littlees_events (originator_id uuid NOT NULL,"
+    " originator_version bigint NOT NULL, topic text, state bytea, notification_id bigserial,"
+    " PRIMARY KEY (originator_id, originator_version))"
+)
+
+
 @pytest.mark.postgres
 class TestPostgresWorld(PostgresStorage, conformance.BackendTestCase):
+    # What every append inserts into, and nothing may update or delete.
+    event_tables = ("little_es_events", "little_es_streams", "little_es_topics")
+
     def world_url(self) -> str:
         return with_query(self.dsn, "schema", self.schema)
 
@@ -363,14 +391,14 @@ class TestPostgresWorld(PostgresStorage, conformance.BackendTestCase):
                 " BEGIN RAISE EXCEPTION 'little_es test: % on % is forbidden', TG_OP,"
                 " TG_TABLE_NAME; END $$"
             )
-            for table in ("littlees_events", "littlees_snapshots"):
+            for table in (*self.event_tables, "littlees_snapshots"):
                 conn.execute(
                     f"CREATE TRIGGER refuse_mutation BEFORE UPDATE OR DELETE OR TRUNCATE ON {table}"
                     " FOR EACH STATEMENT EXECUTE FUNCTION little_es_refuse()"
                 )
         yield
         with self.connect() as conn:
-            count = conn.execute("SELECT count(*) FROM littlees_events").fetchone()
+            count = conn.execute(f"SELECT count(*) FROM {self.event_tables[0]}").fetchone()
             snaps = conn.execute("SELECT count(*) FROM littlees_snapshots").fetchone()
             assert (
                 count is not None
@@ -379,8 +407,9 @@ class TestPostgresWorld(PostgresStorage, conformance.BackendTestCase):
             )
             assert snaps is not None and isinstance(snaps[0], int) and snaps[0] > 0
             # The trap itself works: a no-op DELETE is refused.
-            with self.assertRaisesRegex(psycopg.errors.RaiseException, "DELETE on littlees_events"):
-                conn.execute("DELETE FROM littlees_events WHERE false")
+            table = self.event_tables[0]
+            with self.assertRaisesRegex(psycopg.errors.RaiseException, f"DELETE on {table}"):
+                conn.execute(f"DELETE FROM {table} WHERE false")
 
     def test_postgres_leases_are_scoped_to_the_worlds_schema(self) -> None:
         other_schema = f"{self.schema}_b"
@@ -419,7 +448,26 @@ class TestPostgresWorld(PostgresStorage, conformance.BackendTestCase):
 
 
 @pytest.mark.postgres
+class TestPostgresEventsourcingLayoutWorld(PostgresEventsourcingLayoutStorage, TestPostgresWorld):
+    event_tables = ("littlees_events",)
+
+
+@pytest.mark.postgres
 class TestPostgresEventRecorder(PostgresStorage, conformance.EventRecorderTestCase):
+    pass
+
+
+@pytest.mark.postgres
+class TestPostgresEventsourcingLayoutEventRecorder(
+    PostgresEventsourcingLayoutStorage, conformance.EventRecorderTestCase
+):
+    pass
+
+
+@pytest.mark.postgres
+class TestPostgresEventsourcingLayoutWriteAheadEventRecorder(
+    PostgresEventsourcingLayoutStorage, conformance.WriteAheadEventRecorderTestCase
+):
     pass
 
 
@@ -452,7 +500,8 @@ class TestPostgresExampleApplication(PostgresStorage, conformance.ExampleApplica
 
 # eventsourcing's database-function mode (POSTGRES_ENABLE_DB_FUNCTIONS): a World does
 # not take it from the environment, but the recorder of its factory keeps little_es's
-# commit policy and heads in that mode too, for an application that sets it.
+# commit policy and heads in that mode too, for an application that sets it. The mode
+# applies to eventsourcing's table (the compact layout has one insert either way).
 
 
 def _postgres_factory_env(dsn: str, schema: str) -> dict[str, str]:
@@ -466,6 +515,7 @@ def _postgres_factory_env(dsn: str, schema: str) -> dict[str, str]:
         "POSTGRES_PASSWORD": parts.password or "",
         "POSTGRES_SCHEMA": schema,
         "POSTGRES_ENABLE_DB_FUNCTIONS": "y",
+        "APPLICATION_RECORDER_TOPIC": get_topic(LittlePostgresApplicationRecorder),
     }
 
 
@@ -480,7 +530,7 @@ class _DbFunctionsRecorder(PostgresStorage):
         )
         self.addCleanup(factory.close)
         recorder = factory.application_recorder()
-        assert isinstance(recorder, LittlePostgresApplicationRecorder)
+        assert type(recorder) is LittlePostgresApplicationRecorder
         assert recorder.datastore.enable_db_functions
         if not self.durable:
             insert = functools.partial(recorder.insert_events, durable=False)
@@ -537,7 +587,7 @@ class TestPostgresFactory(persistence.InfrastructureFactoryTestCase[LittlePostgr
         return PostgresAggregateRecorder
 
     def expected_application_recorder_class(self) -> type[ApplicationRecorder]:
-        return LittlePostgresApplicationRecorder
+        return CompactPostgresApplicationRecorder
 
     def expected_tracking_recorder_class(self) -> type[TrackingRecorder]:
         return PostgresTrackingRecorder

@@ -122,7 +122,7 @@ def test_a_follower_of_eight_concurrent_writers_sees_every_row_once_in_order(
     written = {s: int(out.split()[-1]) for s, (out, _) in zip(streams, results, strict=True)}
     with world_spec.connect_postgres() as conn:
         stored = conn.execute(
-            "SELECT notification_id, originator_id, originator_version FROM littlees_events"
+            "SELECT notification_id, originator_id, originator_version FROM little_es_rows"
             " WHERE originator_id = ANY(%s) ORDER BY notification_id",
             (streams,),
         ).fetchall()
@@ -143,12 +143,18 @@ def test_a_reader_waits_for_an_insert_in_flight_instead_of_passing_over_its_id(
     before = recorder.max_notification_id() or 0
     slow, fast = uuid.uuid4(), uuid.uuid4()
     with world_spec.connect_postgres() as held:
+        # The keys of the stream and topic first, committed, as the recorder gives them.
+        held.execute("INSERT INTO little_es_streams (stream_id) VALUES (%s)", (slow,))
+        held.execute(
+            "INSERT INTO little_es_topics (topic) VALUES ('writer.row') ON CONFLICT DO NOTHING"
+        )
         # An insert as the recorder makes it, held open: it has drawn its id.
         held.execute("BEGIN")
         held.execute("SELECT pg_advisory_xact_lock_shared(%s)", (recorder.appends_lock_key,))
         slow_id = held.execute(
-            "INSERT INTO littlees_events (originator_id, originator_version, topic, state)"
-            " VALUES (%s, 1, 'writer.row', '{}') RETURNING notification_id",
+            "INSERT INTO little_es_events (stream, version, topic, state)"
+            " SELECT s.id, 1, t.id, '{}' FROM little_es_streams s, little_es_topics t"
+            " WHERE s.stream_id = %s AND t.topic = 'writer.row' RETURNING notification_id",
             (slow,),
         ).fetchone()
         assert slow_id is not None

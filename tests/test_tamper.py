@@ -64,9 +64,12 @@ class _Db:
             spec.backend, "notification_id"
         )
         self.mark = "%s" if self.pg or self.my else "?"
-        # eventsourcing's names on the servers (the tables are named after the application);
-        # on SQLite, the view that spells out the compact layout's stream ids and topics.
-        self.table = "littlees_events" if self.pg or self.my else "little_es_rows"
+        # eventsourcing's name on MariaDB (the table is named after the application); on
+        # SQLite and PostgreSQL, the view that spells out the compact layout's stream ids
+        # and topics. Edits of the compact layout go to its table, rows by their id there.
+        self.compact = not self.my
+        self.table = "little_es_rows" if self.compact else "littlees_events"
+        self.row_id = "rowid" if self.sqlite else "notification_id"
 
     def _connect(self) -> Any:
         if self.pg:
@@ -97,17 +100,19 @@ class _Db:
         return str(sid) if self.pg else sid.bytes if self.my else sid.hex
 
     def set_state(self, row_id: int, state: bytes) -> None:
-        if self.sqlite:
-            self.run("UPDATE little_es_events SET state = ? WHERE rowid = ?", state, row_id)
+        if self.compact:
+            self.run(
+                f"UPDATE little_es_events SET state = ? WHERE {self.row_id} = ?", state, row_id
+            )
         else:
             self.run(f"UPDATE {self.table} SET state = ? WHERE {self.id_column} = ?", state, row_id)
 
     def set_topic(self, row_id: int, topic: str) -> None:
-        if self.sqlite:
-            self.run("INSERT OR IGNORE INTO little_es_topics (topic) VALUES (?)", topic)
+        if self.compact:
+            self.run(_NEW_TOPIC, topic)
             self.run(
                 "UPDATE little_es_events SET topic ="
-                " (SELECT id FROM little_es_topics WHERE topic = ?) WHERE rowid = ?",
+                f" (SELECT id FROM little_es_topics WHERE topic = ?) WHERE {self.row_id} = ?",
                 topic,
                 row_id,
             )
@@ -115,9 +120,9 @@ class _Db:
             self.run(f"UPDATE {self.table} SET topic = ? WHERE {self.id_column} = ?", topic, row_id)
 
     def delete(self, condition: str, *params: Any) -> None:
-        if self.sqlite:
+        if self.compact:
             self.run(
-                "DELETE FROM little_es_events WHERE rowid IN"
+                f"DELETE FROM little_es_events WHERE {self.row_id} IN"
                 f" (SELECT notification_id FROM little_es_rows WHERE {condition})",
                 *params,
             )
@@ -125,8 +130,8 @@ class _Db:
             self.run(f"DELETE FROM {self.table} WHERE {condition}", *params)
 
     def insert(self, stream: str, version: int, topic: str, state: bytes) -> None:
-        if self.sqlite:
-            self.run("INSERT OR IGNORE INTO little_es_topics (topic) VALUES (?)", topic)
+        if self.compact:
+            self.run(_NEW_TOPIC, topic)
             self.run(
                 "INSERT INTO little_es_events (stream, version, topic, state) VALUES"
                 " ((SELECT id FROM little_es_streams WHERE stream_id = ?), ?,"
@@ -152,12 +157,12 @@ class _Db:
 
     @property
     def _events_table(self) -> str:
-        return "little_es_events" if self.sqlite else self.table
+        return "little_es_events" if self.compact else self.table
 
     @property
     def _columns(self) -> str:
-        if self.sqlite:
-            return "rowid, stream, version, topic, state"
+        if self.compact:
+            return f"{self.row_id}, stream, version, topic, state"
         return f"{self.id_column}, originator_id, originator_version, topic, state"
 
     def restore(self, backup: tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]) -> None:
@@ -179,6 +184,9 @@ class _Db:
                 )
         finally:
             conn.close()
+
+
+_NEW_TOPIC = "INSERT INTO little_es_topics (topic) VALUES (?) ON CONFLICT (topic) DO NOTHING"
 
 
 class _MySQLConnection:

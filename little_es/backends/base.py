@@ -58,6 +58,16 @@ from little_es.values import ArtifactRef, HydratedArtifact, UsageTotals
 
 HEADS_TABLE = "little_es_heads"
 """Every chained stream's last version and digest, in the world's own database."""
+EVENTS_TABLE = "little_es_events"
+"""The events of a SQLite or PostgreSQL world made by this version, in the compact layout:
+integers for the stream id and the topic (``CompactSQLiteApplicationRecorder``,
+``CompactPostgresApplicationRecorder``)."""
+STREAMS_TABLE = "little_es_streams"
+"""The stream ids of :data:`EVENTS_TABLE`'s rows, by the integer each row holds."""
+TOPICS_TABLE = "little_es_topics"
+"""The topics of :data:`EVENTS_TABLE`'s rows, by the integer each row holds."""
+ROWS_VIEW = "little_es_rows"
+"""A view of :data:`EVENTS_TABLE` with stream ids and topics spelled out, to read by hand."""
 
 Row = tuple[int, str, bytes]
 """One stored event as the read path needs it: (version, topic, state)."""

@@ -22,6 +22,7 @@ guarantees and what it does not.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -54,14 +55,18 @@ from eventsourcing.postgres import (
 from eventsourcing.utils import get_topic, retry
 from psycopg import Cursor
 from psycopg.rows import DictRow, tuple_row
-from psycopg.sql import SQL, Identifier, Literal
+from psycopg.sql import SQL, Composed, Identifier, Literal
 from psycopg_pool import ConnectionPool
 
 from little_es.backends.base import (
+    EVENTS_TABLE,
     HEADS_TABLE,
+    ROWS_VIEW,
     RUN_STREAMS_TABLE,
     RUNS_TABLE,
     RUNS_TRACKING_TABLE,
+    STREAMS_TABLE,
+    TOPICS_TABLE,
     ApplicationClass,
     ArtifactStore,
     Backend,
@@ -132,41 +137,16 @@ class PostgresBackend(Backend):
         )
         self._datastore = datastore
         recorder = app.recorder
-        assert isinstance(recorder, PostgresApplicationRecorder)
-        base = SQL(
-            "SELECT originator_version, topic, state FROM {schema}.{table} WHERE originator_id = %s"
-        ).format(
-            schema=Identifier(datastore.schema),
-            table=Identifier(recorder.events_table_name),
-        )
-        # Rendered once: psycopg renders a Composed query again on every execute (about a
-        # tenth of the check before each step and call, has_events_after).
-        later = base + SQL(" AND originator_version > %s ORDER BY originator_version")
-        self._every = (base + SQL(" ORDER BY originator_version")).as_bytes(None)
-        self._later = later.as_bytes(None)
-        self._next = (later + SQL(" LIMIT 1")).as_bytes(None)
+        assert isinstance(recorder, LittlePostgresApplicationRecorder)
+        self._recorder = recorder
 
     def select_rows(self, stream_id: UUID, after: int | None) -> Sequence[Row]:
         """One stream's rows, read from the recorder's table (see :meth:`Backend.select_rows`)."""
-        with (
-            self._datastore.get_connection() as conn,
-            conn.cursor(row_factory=tuple_row) as cursor,
-        ):
-            if after is None:
-                cursor.execute(self._every, (stream_id,), prepare=True)
-            else:
-                cursor.execute(self._later, (stream_id, after), prepare=True)
-            rows: list[Row] = cursor.fetchall()
-            return rows
+        return self._recorder.stream_rows(stream_id, after)
 
     def has_events_after(self, stream_id: UUID, version: int) -> bool:
         """See :meth:`Backend.has_events_after`: one prepared statement on the table."""
-        with (
-            self._datastore.get_connection() as conn,
-            conn.cursor(row_factory=tuple_row) as cursor,
-        ):
-            cursor.execute(self._next, (stream_id, version), prepare=True)
-            return cursor.fetchone() is not None
+        return self._recorder.has_rows_after(stream_id, version)
 
     def stream_head(self, stream_id: UUID) -> Head | None:
         """See :meth:`Backend.stream_head`: from the heads table."""
@@ -283,12 +263,11 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
         heads = SQL("{schema}.{table}").format(
             schema=Identifier(schema), table=Identifier(HEADS_TABLE)
         )
-        self.sql_create_statements.append(
-            SQL(
-                "CREATE TABLE IF NOT EXISTS {heads} (stream_id uuid PRIMARY KEY,"
-                " version bigint NOT NULL, digest bytea NOT NULL, running bytea NOT NULL)"
-            ).format(heads=heads)
-        )
+        self._create_heads_statement = SQL(
+            "CREATE TABLE IF NOT EXISTS {heads} (stream_id uuid PRIMARY KEY,"
+            " version bigint NOT NULL, digest bytea NOT NULL, running bytea NOT NULL)"
+        ).format(heads=heads)
+        self.sql_create_statements.append(self._create_heads_statement)
         self.upsert_heads_statement = SQL(
             "INSERT INTO {heads} (stream_id, version, digest, running)"
             " SELECT * FROM unnest(%s::uuid[], %s::bigint[], %s::bytea[], %s::bytea[])"
@@ -335,6 +314,81 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
             table=Identifier(table),
         )
 
+    def stream_rows(self, stream_id: UUID, after: int | None) -> list[Row]:
+        """One stream's (version, topic, state) rows after version ``after`` (None: all of
+        them), in order, without a ``StoredEvent`` each (:meth:`PostgresBackend.select_rows`)."""
+        every, later = self._stream_rows_statements
+        with (
+            self.datastore.get_connection() as conn,
+            conn.cursor(row_factory=tuple_row) as cursor,
+        ):
+            stream = self._stream_param(conn, stream_id)
+            if after is None:
+                cursor.execute(every, (stream,), prepare=True)
+            else:
+                cursor.execute(later, (stream, after), prepare=True)
+            return self._rows_read(conn, cursor.fetchall())
+
+    def has_rows_after(self, stream_id: UUID, version: int) -> bool:
+        """Whether the stream holds a row after ``version`` (one indexed lookup)."""
+        with (
+            self.datastore.get_connection() as conn,
+            conn.cursor(row_factory=tuple_row) as cursor,
+        ):
+            stream = self._stream_param(conn, stream_id)
+            cursor.execute(self._next_row_statement, (stream, version), prepare=True)
+            return cursor.fetchone() is not None
+
+    # What depends on the table's layout: the statements (rendered once: psycopg renders
+    # a Composed query again on every execute, about a tenth of the check before each
+    # step and call, has_rows_after), the parameter that names a stream in them, the
+    # rows as they read them, the columns and values of the one-statement insert
+    # (_insert_statement). CompactPostgresApplicationRecorder overrides them.
+
+    def _stream_param(self, conn: psycopg.Connection[Any], stream_id: UUID) -> Any:
+        """What stands for ``stream_id`` in the statements below (here: the id itself)."""
+        return stream_id
+
+    @functools.cached_property
+    def _stream_rows_statements(self) -> tuple[bytes, bytes]:
+        """A stream's rows: all of them, and those after a version (the second parameter)."""
+        base = SQL(
+            "SELECT originator_version, topic, state FROM {events} WHERE originator_id = %s"
+        ).format(events=self._events)
+        return (
+            (base + SQL(" ORDER BY originator_version")).as_bytes(None),
+            (base + SQL(" AND originator_version > %s ORDER BY originator_version")).as_bytes(None),
+        )
+
+    @functools.cached_property
+    def _next_row_statement(self) -> bytes:
+        return (self._later_rows(SQL("%s"), SQL("%s")) + SQL(" LIMIT 1")).as_bytes(None)
+
+    def _rows_read(self, conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]]) -> list[Row]:
+        """The (version, topic, state) rows of what :attr:`_stream_rows_statements` read."""
+        return rows
+
+    def _row_columns(self) -> tuple[SQL, tuple[str, str, str, str]]:
+        """The events table's columns the insert writes, and the types of their values
+        (catalog names: each is quoted as an identifier)."""
+        return (
+            SQL("originator_id, originator_version, topic, state"),
+            (self.datastore.originator_id_type, "int8", "text", "bytea"),
+        )
+
+    def _row_values(
+        self, conn: psycopg.Connection[Any], stored_events: Sequence[StoredEvent]
+    ) -> list[tuple[Any, int, Any, bytes]]:
+        """Each row's values for :meth:`_row_columns`."""
+        return [(e.originator_id, e.originator_version, e.topic, e.state) for e in stored_events]
+
+    def _later_rows(self, stream_id: SQL | Composed, version: SQL) -> Composed:
+        """A query of the rows of a stream (:meth:`_stream_param`) after a version."""
+        return SQL(
+            "SELECT 1 FROM {events} WHERE originator_id = {stream_id}"
+            " AND originator_version > {version}"
+        ).format(events=self._events, stream_id=stream_id, version=version)
+
     def _notify_channel(self, curs: Cursor[DictRow]) -> None:
         # No NOTIFY: it would make the commits of all writers take turns. Subscriptions
         # poll instead (``_PollingSubscription``).
@@ -376,12 +430,27 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
         horizon = self.horizon()
         if start is not None and (start > horizon or (start == horizon and not inclusive_of_start)):
             return []
-        notifications: Sequence[Notification] = super().select_notifications(
+        return self._select_notifications(
             start,
             limit,
-            stop=horizon if stop is None else min(stop, horizon),
-            topics=topics,
+            horizon if stop is None else min(stop, horizon),
+            topics,
             inclusive_of_start=inclusive_of_start,
+        )
+
+    def _select_notifications(
+        self,
+        start: int | None,
+        limit: int,
+        stop: int,
+        topics: Sequence[str],
+        *,
+        inclusive_of_start: bool,
+    ) -> Sequence[Notification]:
+        """The notifications of :meth:`select_notifications`, with ``stop`` at or below the
+        horizon."""
+        notifications: Sequence[Notification] = super().select_notifications(
+            start, limit, stop=stop, topics=topics, inclusive_of_start=inclusive_of_start
         )
         return notifications
 
@@ -470,46 +539,49 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
         watch: StreamWatch | None = None,
         **_: Any,
     ) -> Sequence[int]:
-        params: list[Any] = [*self._options_params]
-        # A few rows (most commits: a step's StepCompleted with the next StepStarted, a
-        # harness call's two records) as plain parameters: psycopg dumps arrays much slower.
-        plain = len(stored_events) if len(stored_events) <= _PLAIN_ROWS else 0
-        if plain:
-            for e in stored_events:
-                params += (e.originator_id, e.originator_version, e.topic, e.state)
-        else:
-            params += (
-                [e.originator_id for e in stored_events],
-                [e.originator_version for e in stored_events],
-                [e.topic for e in stored_events],
-                [e.state for e in stored_events],
-            )
-        if heads and len(heads) == 1:
-            ((stream_id, head),) = heads.items()
-            params += (stream_id, *head)
-        elif heads:
-            params += self._heads_params(heads)
         watched = list(watch.versions.items()) if watch is not None else []
-        if len(watched) == 1:
-            params += watched[0]
-        elif watched:
-            params += ([sid for sid, _ in watched], [version for _, version in watched])
-        statement = self._insert_statement(
-            durable,
-            plain,
-            0 if not heads else 1 if len(heads) == 1 else 2,
-            min(len(watched), 2),
-        )
         with (
             self.datastore.get_connection() as conn,
             conn.cursor(row_factory=tuple_row) as curs,
         ):
+            values = self._row_values(conn, stored_events)
+            params: list[Any] = [*self._options_params]
+            # A few rows (most commits: a step's StepCompleted with the next StepStarted, a
+            # harness call's two records) as plain parameters: psycopg dumps arrays much
+            # slower.
+            plain = len(values) if len(values) <= _PLAIN_ROWS else 0
+            if plain:
+                for row in values:
+                    params += row
+            else:
+                params += (list(column) for column in zip(*values, strict=True))
+            if heads and len(heads) == 1:
+                ((stream_id, head),) = heads.items()
+                params += (stream_id, *head)
+            elif heads:
+                params += self._heads_params(heads)
+            streams = [self._stream_param(conn, sid) for sid, _ in watched]
+            if len(watched) == 1:
+                params += (streams[0], watched[0][1])
+            elif watched:
+                params += (streams, [version for _, version in watched])
+            statement = self._insert_statement(
+                durable,
+                plain,
+                0 if not heads else 1 if len(heads) == 1 else 2,
+                min(len(watched), 2),
+            )
             # Autocommit: the statement is its own transaction.
             curs.execute(statement, params, prepare=True)
             rows = curs.fetchall()
         if watch is not None:
-            changed = rows[0][1] if rows else []
-            watch.found([watched[0][0]] if changed is True else changed or [])
+            # One stream: whether it changed; several: the positions of those that did.
+            changed = rows[0][1]
+            watch.found(
+                ([watched[0][0]] if changed else [])
+                if len(watched) == 1
+                else [watched[n - 1][0] for n in changed]
+            )
         return [row[0] for row in rows]
 
     def _insert_statement(self, durable: bool, plain: int, heads: int, watched: int = 0) -> bytes:
@@ -528,29 +600,28 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
             else "SELECT set_config('lock_timeout', %s, true),"
             " set_config('synchronous_commit', 'off', true), pg_advisory_xact_lock_shared(%s)"
         )
-        id_type = Identifier(self.datastore.originator_id_type)
+        columns, types = self._row_columns()
+        i, v, t, s = (Identifier(name) for name in types)
         rows = (
             SQL("(VALUES {0}) AS r (i, v, t, s, n)").format(
                 SQL(", ").join(
-                    SQL("(%s::{0}, %s::bigint, %s::text, %s::bytea, {1})").format(
-                        id_type, Literal(n)
-                    )
+                    SQL("(%s::{0}, %s::{1}, %s::{2}, %s::{3}, {4})").format(i, v, t, s, Literal(n))
                     for n in range(1, plain + 1)
                 )
             )
             if plain
             else SQL(
-                "unnest(%s::{0}[], %s::bigint[], %s::text[], %s::bytea[])"
+                "unnest(%s::{0}[], %s::{1}[], %s::{2}[], %s::{3}[])"
                 " WITH ORDINALITY AS r (i, v, t, s, n)"
-            ).format(id_type)
+            ).format(i, v, t, s)
         )
         # Rows go in in the order given, so a stream's versions draw ascending ids.
         order = SQL("") if plain == 1 else SQL(" ORDER BY r.n")
         statement = SQL(
             "WITH options AS MATERIALIZED ({options}), inserted AS ("
-            "INSERT INTO {events} (originator_id, originator_version, topic, state)"
+            "INSERT INTO {events} ({columns})"
             " SELECT r.i, r.v, r.t, r.s FROM options, {rows}{order} RETURNING notification_id)"
-        ).format(options=options, events=self._events, rows=rows, order=order)
+        ).format(options=options, events=self._events, columns=columns, rows=rows, order=order)
         if heads:
             values = (
                 SQL("(VALUES (%s::uuid, %s::bigint, %s::bytea, %s::bytea)) AS h (i, v, d, r)")
@@ -565,22 +636,21 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
                 " ON CONFLICT (stream_id) DO UPDATE SET version = EXCLUDED.version,"
                 " digest = EXCLUDED.digest, running = EXCLUDED.running)"
             ).format(heads=self._heads, values=values)
+        stream_type = Identifier(types[0])
         # The watched streams are read in the statement's snapshot, as they stood when
         # this commit began: a cancel that commits meanwhile is seen one call later, as
         # one that commits just after a check's own query is.
         changed = (
             SQL("")
             if not watched
-            else SQL(
-                ", EXISTS (SELECT 1 FROM {events} WHERE originator_id = %s::uuid"
-                " AND originator_version > %s::bigint)"
-            ).format(events=self._events)
+            else SQL(", EXISTS ({0})").format(
+                self._later_rows(SQL("%s::{0}").format(stream_type), SQL("%s::int8"))
+            )
             if watched == 1
             else SQL(
-                ", ARRAY(SELECT w.i FROM unnest(%s::uuid[], %s::bigint[]) AS w (i, v)"
-                " WHERE EXISTS (SELECT 1 FROM {events} e WHERE e.originator_id = w.i"
-                " AND e.originator_version > w.v))"
-            ).format(events=self._events)
+                ", ARRAY(SELECT w.n FROM unnest(%s::{0}[], %s::int8[]) WITH ORDINALITY"
+                " AS w (i, v, n) WHERE EXISTS ({1}))"
+            ).format(stream_type, self._later_rows(SQL("w.i"), SQL("w.v")))
         )
         statement += SQL(" SELECT notification_id{changed} FROM inserted").format(changed=changed)
         rendered = self._insert_statements[key] = statement.as_bytes(None)
@@ -641,10 +711,386 @@ class _PollingSubscription(PostgresSubscription):
             self.stop()
 
 
-class LittlePostgresFactory(PostgresFactory):
-    """eventsourcing's PostgreSQL factory with :class:`LittlePostgresApplicationRecorder`."""
+class CompactPostgresApplicationRecorder(LittlePostgresApplicationRecorder):
+    """The table layout of a PostgreSQL world created by this version of little_es.
 
-    application_recorder_class = LittlePostgresApplicationRecorder
+    eventsourcing's table repeats the stream id (a 16-byte uuid) and the topic
+    (text) in every row, and the uuid again in the primary-key index, beside a
+    unique index of the notification ids: 563 B of a task step on disk at 10,000
+    steps (``benchmarks/bench_pg_layout.py``). Here, as in a SQLite world's file
+    (``CompactSQLiteApplicationRecorder``), a row holds integers instead, each
+    standing for one stream id (``little_es_streams``) or one topic
+    (``little_es_topics``), given on its first insert and never changed::
+
+        little_es_events (notification_id bigserial, stream int, version int,
+                          topic int, state bytea, PRIMARY KEY (stream, version))
+
+    The version takes 4 bytes: a stream holds up to 2**31 - 1 events, and an
+    insert past that fails with nothing written. The notification ids are indexed
+    in buckets of 64 (``notification_id >> 6``): a B-tree whose keys repeat 64
+    times keeps each bucket as one entry with a list of its rows (PostgreSQL's
+    deduplication), about a third of a unique index's bytes. Readers of the notification log
+    (:meth:`select_notifications`, :meth:`max_notification_id`) ask for the
+    buckets and order by bucket, then id: an index scan that sorts 64 rows at a
+    time and stops at the limit. Readers see the same rows, notifications and
+    ``StoredEvent`` objects as from eventsourcing's table; a row's bytes (its
+    chain frame and payload) are the same in either layout.
+
+    The integers of new stream ids and topics are given by a statement of their
+    own just before the insert that first needs them, committed at once: one
+    more round trip for a commit that starts a stream. A row of those tables
+    that no event uses (the insert after it failed) stands for nothing. The
+    process keeps every key it has given or read; a read of a stream whose key
+    it does not know looks the key up first (no key: the stream has no rows),
+    and the names of a stream's topics come from the keys it knows (faster
+    than a join with the topics table).
+
+    A schema that already holds eventsourcing's table keeps it
+    (:class:`LittlePostgresApplicationRecorder`; :class:`LittlePostgresFactory`
+    picks the class by what the schema holds). eventsourcing's database-function
+    mode (``POSTGRES_ENABLE_DB_FUNCTIONS``) applies to that table: this layout
+    inserts with its one statement either way.
+    """
+
+    def __init__(self, datastore: PostgresDatastore, **kwargs: Any) -> None:
+        kwargs["events_table_name"] = EVENTS_TABLE
+        super().__init__(datastore, **kwargs)
+        schema = Identifier(datastore.schema)
+        self._streams = SQL("{0}.{1}").format(schema, Identifier(STREAMS_TABLE))
+        self._topics = SQL("{0}.{1}").format(schema, Identifier(TOPICS_TABLE))
+        id_type = datastore.originator_id_type
+        names = {"events": self._events, "streams": self._streams, "topics": self._topics}
+        self.sql_create_statements = [
+            SQL(
+                "CREATE TABLE IF NOT EXISTS {streams} (id serial PRIMARY KEY,"
+                " stream_id {id_type} NOT NULL UNIQUE)"
+            ).format(id_type=Identifier(id_type), **names),
+            SQL(
+                "CREATE TABLE IF NOT EXISTS {topics} (id serial PRIMARY KEY,"
+                " topic text NOT NULL UNIQUE)"
+            ).format(**names),
+            # Packed full: rows only ever go in, mostly at the right end of each index.
+            # The autovacuum settings are eventsourcing's for its events table.
+            SQL(
+                "CREATE TABLE IF NOT EXISTS {events} (notification_id bigserial,"
+                " stream int NOT NULL, version int NOT NULL, topic int NOT NULL,"
+                " state bytea NOT NULL, PRIMARY KEY (stream, version) WITH (fillfactor = 100))"
+                " WITH (autovacuum_enabled = true, autovacuum_vacuum_threshold = 100000000,"
+                " autovacuum_vacuum_scale_factor = 0.5, autovacuum_analyze_threshold = 1000,"
+                " autovacuum_analyze_scale_factor = 0.01)"
+            ).format(**names),
+            SQL(
+                "CREATE INDEX IF NOT EXISTS {index} ON {events} ((notification_id >> 6))"
+                " WITH (fillfactor = 100)"
+            ).format(index=Identifier(f"{EVENTS_TABLE}_notification_bucket"), **names),
+            # For a person at the psql prompt: the rows as eventsourcing's table shows them.
+            SQL(
+                "CREATE OR REPLACE VIEW {view} AS SELECT e.notification_id,"
+                " s.stream_id AS originator_id, e.version AS originator_version, t.topic,"
+                " e.state FROM {events} e JOIN {streams} s ON s.id = e.stream"
+                " JOIN {topics} t ON t.id = e.topic"
+            ).format(view=SQL("{0}.{1}").format(schema, Identifier(ROWS_VIEW)), **names),
+            self._create_heads_statement,
+        ]
+        self._stream_keys = _Keys(self._streams, "stream_id", id_type)
+        self._topic_keys = _Keys(self._topics, "topic", "text")
+        # A stream's rows by its key; their topics' keys, which _rows_read spells out
+        # from the keys it knows (a join, or a subquery for the stream's key, measured
+        # slower: 0.1 ms of the check before each step and call, has_rows_after).
+        self._stream_rows = SQL(
+            "SELECT version, topic, state FROM {events} WHERE stream = %s"
+        ).format(**names)
+        # Notifications from a start (twice: bucket and id) to a stop, up to a limit.
+        notifications = SQL(
+            "SELECT e.notification_id, s.stream_id, e.version, t.topic, e.state FROM"
+            " (SELECT * FROM {events} WHERE (notification_id >> 6) >= (%s::bigint >> 6)"
+            " AND notification_id >= %s AND notification_id <= %s{topics_filter}"
+            " ORDER BY notification_id >> 6, notification_id LIMIT %s) e"
+            " JOIN {streams} s ON s.id = e.stream JOIN {topics} t ON t.id = e.topic"
+            " ORDER BY e.notification_id"
+        )
+        every = notifications.format(topics_filter=SQL(""), **names)
+        self._every_notification = every.as_bytes(None)
+        self._notifications_of_topics = notifications.format(
+            topics_filter=SQL(
+                " AND topic = ANY(ARRAY(SELECT id FROM {topics} WHERE topic = ANY(%s)))"
+            ).format(**names),
+            **names,
+        ).as_bytes(None)
+        self._last_at_or_below = (
+            SQL(
+                "SELECT notification_id FROM {events} WHERE (notification_id >> 6)"
+                " <= (%s::bigint >> 6) AND notification_id <= %s"
+                " ORDER BY notification_id >> 6 DESC, notification_id DESC LIMIT 1"
+            )
+            .format(**names)
+            .as_bytes(None)
+        )
+
+    @functools.cached_property
+    def _stream_rows_statements(self) -> tuple[bytes, bytes]:
+        return (
+            (self._stream_rows + SQL(" ORDER BY version")).as_bytes(None),
+            (self._stream_rows + SQL(" AND version > %s ORDER BY version")).as_bytes(None),
+        )
+
+    def _stream_param(self, conn: psycopg.Connection[Any], stream_id: UUID) -> Any:
+        # 0, which no stream's key is, for a stream with no key: it has no rows.
+        return self._stream_keys.key(conn, stream_id) or 0
+
+    def _rows_read(self, conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]]) -> list[Row]:
+        topics = self._topic_keys.known
+        try:
+            return [(version, topics[topic], state) for version, topic, state in rows]
+        except KeyError:  # a topic this process has not met: read its name first
+            topics = self._topic_keys.names(conn, {topic for _, topic, _ in rows})
+            return [(version, topics[topic], state) for version, topic, state in rows]
+
+    def _row_columns(self) -> tuple[SQL, tuple[str, str, str, str]]:
+        return SQL("stream, version, topic, state"), ("int4", "int4", "int4", "bytea")
+
+    def _row_values(
+        self, conn: psycopg.Connection[Any], stored_events: Sequence[StoredEvent]
+    ) -> list[tuple[Any, int, Any, bytes]]:
+        streams = self._stream_keys.of(conn, [e.originator_id for e in stored_events])
+        topics = self._topic_keys.of(conn, [e.topic for e in stored_events])
+        return [
+            (
+                streams[self._stream_keys.name(e.originator_id)],
+                e.originator_version,
+                topics[e.topic],
+                e.state,
+            )
+            for e in stored_events
+        ]
+
+    def _later_rows(self, stream_id: SQL | Composed, version: SQL) -> Composed:
+        return SQL(
+            "SELECT 1 FROM {events} WHERE stream = {stream_id} AND version > {version}"
+        ).format(events=self._events, stream_id=stream_id, version=version)
+
+    def insert_events(
+        self, stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> Sequence[int] | None:
+        """The one-statement insert of :meth:`LittlePostgresApplicationRecorder.insert_events`,
+        in database-function mode too."""
+        if not stored_events:
+            return []
+        ids: Sequence[int] = self._insert_in_one_statement(stored_events, **kwargs)
+        return ids
+
+    @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
+    def select_events(
+        self,
+        originator_id: UUID | str,
+        *,
+        gt: int | None = None,
+        lte: int | None = None,
+        desc: bool = False,
+        limit: int | None = None,
+    ) -> Sequence[StoredEvent]:
+        """eventsourcing's ``select_events`` on this layout."""
+        stream_id = self._stream_keys.name(originator_id)
+        statement = self._stream_rows
+        params: list[Any] = [0]
+        if gt is not None:
+            statement += SQL(" AND version > %s")
+            params.append(gt)
+        if lte is not None:
+            statement += SQL(" AND version <= %s")
+            params.append(lte)
+        statement += SQL(" ORDER BY version DESC" if desc else " ORDER BY version")
+        if limit is not None:
+            statement += SQL(" LIMIT %s")
+            params.append(limit)
+        with (
+            self.datastore.get_connection() as conn,
+            conn.cursor(row_factory=tuple_row) as curs,
+        ):
+            params[0] = self._stream_param(conn, stream_id)
+            curs.execute(statement, params, prepare=True)
+            return [
+                StoredEvent(
+                    originator_id=stream_id,
+                    originator_version=version,
+                    topic=topic,
+                    state=bytes(state),
+                )
+                for version, topic, state in self._rows_read(conn, curs.fetchall())
+            ]
+
+    def _select_notifications(
+        self,
+        start: int | None,
+        limit: int,
+        stop: int,
+        topics: Sequence[str],
+        *,
+        inclusive_of_start: bool,
+    ) -> Sequence[Notification]:
+        first = 1 if start is None else start if inclusive_of_start else start + 1
+        params: list[Any] = [first, first, stop]
+        if topics:
+            params.append(list(topics))
+        params.append(limit)
+        with (
+            self.datastore.get_connection() as conn,
+            conn.cursor(row_factory=tuple_row) as curs,
+        ):
+            curs.execute(
+                self._notifications_of_topics if topics else self._every_notification,
+                params,
+                prepare=True,
+            )
+            return [
+                Notification(
+                    id=notification_id,
+                    originator_id=originator_id,
+                    originator_version=version,
+                    topic=topic,
+                    state=bytes(state),
+                )
+                for notification_id, originator_id, version, topic, state in curs.fetchall()
+            ]
+
+    @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
+    def max_notification_id(self) -> int | None:
+        """The largest notification id at or below :meth:`horizon`, or None for none."""
+        horizon = self.horizon()
+        with (
+            self.datastore.get_connection() as conn,
+            conn.cursor(row_factory=tuple_row) as curs,
+        ):
+            curs.execute(self._last_at_or_below, (horizon, horizon), prepare=True)
+            row = curs.fetchone()
+        return None if row is None else int(row[0])
+
+
+class _Keys:
+    """The integers that stand for the names (stream ids or topics) of one key table.
+
+    Kept once committed: a key is never changed or given again.
+    """
+
+    def __init__(self, table: Composed, column: str, type_name: str) -> None:
+        self._keys: dict[Any, int] = {}
+        self._names: dict[int, Any] = {}
+        self._uuids = type_name == "uuid"
+        names = Identifier(column)
+        self._select_names = (
+            SQL("SELECT id, {name} FROM {table} WHERE id = ANY(%s)")
+            .format(name=names, table=table)
+            .as_bytes(None)
+        )
+        self._select_key = (
+            SQL("SELECT id, {name} FROM {table} WHERE {name} = %s")
+            .format(name=names, table=table)
+            .as_bytes(None)
+        )
+        # The names found, and those not found given a key (only those: every insert
+        # draws from the key's sequence, a conflict too).
+        self._statement = (
+            SQL(
+                "WITH found AS (SELECT id, {name} FROM {table} WHERE {name} = ANY(%s::{type}[])),"
+                " given AS (INSERT INTO {table} ({name})"
+                " SELECT n FROM unnest(%s::{type}[]) AS u (n)"
+                " WHERE n NOT IN (SELECT {name} FROM found) ON CONFLICT ({name}) DO NOTHING"
+                " RETURNING id, {name}) SELECT id, {name} FROM found"
+                " UNION ALL SELECT id, {name} FROM given"
+            )
+            .format(name=names, table=table, type=Identifier(type_name))
+            .as_bytes(None)
+        )
+
+    def name(self, value: Any) -> Any:
+        """``value`` as the table holds it (a stream id may come as a string of a uuid)."""
+        if self._uuids and not isinstance(value, UUID):
+            return UUID(str(value))
+        return value
+
+    def of(self, conn: psycopg.Connection[Any], values: Sequence[Any]) -> dict[Any, int]:
+        """Every value's key (by :meth:`name`), new ones given and committed first."""
+        keys = self._keys
+        missing = [n for n in dict.fromkeys(map(self.name, values)) if n not in keys]
+        # A name given by another writer's insert that commits after this statement
+        # began is neither found nor given: the next round finds it.
+        for _ in range(_KEY_ROUNDS):
+            if not missing:
+                return keys
+            with conn.cursor(row_factory=tuple_row) as curs:
+                curs.execute(self._statement, (missing, missing), prepare=True)
+                self._learn(curs.fetchall())
+            missing = [n for n in missing if n not in keys]
+        raise OperationalError(f"no key given for {missing!r} in {_KEY_ROUNDS} rounds")
+
+    def key(self, conn: psycopg.Connection[Any], value: Any) -> int | None:
+        """The key of one name (by :meth:`name`), or None: none is given (nothing is)."""
+        name = self.name(value)
+        found = self._keys.get(name)
+        if found is None:
+            with conn.cursor(row_factory=tuple_row) as curs:
+                curs.execute(self._select_key, (name,), prepare=True)
+                self._learn(curs.fetchall())
+            found = self._keys.get(name)
+        return found
+
+    @property
+    def known(self) -> Mapping[int, Any]:
+        """The names of the keys met so far, by key."""
+        return self._names
+
+    def names(self, conn: psycopg.Connection[Any], keys: Iterable[int]) -> dict[int, Any]:
+        """The name of every key in ``keys`` (by key), read from the table when new here."""
+        names = self._names
+        missing = [k for k in keys if k not in names]
+        if missing:
+            with conn.cursor(row_factory=tuple_row) as curs:
+                curs.execute(self._select_names, (missing,), prepare=True)
+                self._learn(curs.fetchall())
+        # A row's key was committed before the row: every key read from a row is there.
+        return names
+
+    def _learn(self, pairs: Iterable[tuple[int, Any]]) -> None:
+        for key, name in pairs:
+            self._keys[name] = key
+            self._names[key] = name
+
+
+_KEY_ROUNDS = 10
+"""How many times :class:`_Keys` asks for the keys of names before giving up."""
+
+
+class LittlePostgresFactory(PostgresFactory):
+    """eventsourcing's PostgreSQL factory with little_es's recorders.
+
+    Its application recorder is :class:`CompactPostgresApplicationRecorder`,
+    except in a schema that already holds eventsourcing's events table (made by
+    an earlier version of little_es): that one keeps its layout
+    (:class:`LittlePostgresApplicationRecorder`), since nothing rewrites stored rows.
+    """
+
+    application_recorder_class = CompactPostgresApplicationRecorder
+
+    def application_recorder(self) -> ApplicationRecorder:
+        """The recorder for the layout the schema holds (a new schema: the compact one)."""
+        events_table_name = (self.env.name.lower() or "stored") + "_events"
+        if not self.env.get(self.APPLICATION_RECORDER_TOPIC) and self._holds(events_table_name):
+            recorder = LittlePostgresApplicationRecorder(
+                self.datastore, events_table_name=events_table_name
+            )
+            if self.env_create_table():
+                recorder.create_table()  # the heads table, in a schema from before it
+            return recorder
+        return super().application_recorder()
+
+    def _holds(self, table: str) -> bool:
+        with self.datastore.get_connection() as conn, conn.cursor(row_factory=tuple_row) as curs:
+            curs.execute(
+                "SELECT to_regclass(%s) IS NOT NULL",
+                (f"{_quoted(self.datastore.schema)}.{_quoted(table)}",),
+            )
+            row = curs.fetchone()
+            return bool(row and row[0])
 
 
 # -------------------------------------------------------------------- artifacts

@@ -63,10 +63,14 @@ from eventsourcing.sqlite import (
 from eventsourcing.utils import Environment, EnvType, get_topic
 
 from little_es.backends.base import (
+    EVENTS_TABLE,
     HEADS_TABLE,
+    ROWS_VIEW,
     RUN_STREAMS_TABLE,
     RUNS_TABLE,
     RUNS_TRACKING_TABLE,
+    STREAMS_TABLE,
+    TOPICS_TABLE,
     ApplicationClass,
     ArtifactStore,
     Backend,
@@ -375,14 +379,6 @@ MARKER_FILE = "world.json"
 _SELECT_HEAD = f"SELECT version, digest, running FROM {HEADS_TABLE} WHERE stream_id=?"
 EVENTSOURCING_EVENTS_TABLE = "stored_events"
 """eventsourcing's events table, which files made before the compact layout hold."""
-EVENTS_TABLE = "little_es_events"
-"""The events of a world made by this version (:class:`CompactSQLiteApplicationRecorder`)."""
-STREAMS_TABLE = "little_es_streams"
-"""The stream ids of :data:`EVENTS_TABLE`'s rows, by the integer each row holds."""
-TOPICS_TABLE = "little_es_topics"
-"""The topics of :data:`EVENTS_TABLE`'s rows, by the integer each row holds."""
-ROWS_VIEW = "little_es_rows"
-"""A view of :data:`EVENTS_TABLE` with stream ids and topics spelled out, to read by hand."""
 # One stream's (version, topic, state) rows in the compact layout, by its id in hex.
 _SELECT_COMPACT_ROWS = (
     f"SELECT e.version, t.topic, e.state FROM {EVENTS_TABLE} e"

@@ -336,10 +336,10 @@ async def test_checker_flags_a_run_that_does_not_verify(
     # One payload byte changed behind the library's back, as a damaged disk would.
     stream = run_stream_id("run_verified")
     pg = world_spec.backend == "postgres"
-    # On SQLite, read through the view that spells out stream ids; edit the row in its table.
+    # Read through the view that spells out stream ids; edit the row in its table.
     mark = "%s" if pg else "?"
     table, edit_table, edit_id = (
-        ("littlees_events", "littlees_events", "notification_id")
+        ("little_es_rows", "little_es_events", "notification_id")
         if pg
         else ("little_es_rows", "little_es_events", "rowid")
     )
