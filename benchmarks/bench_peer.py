@@ -49,7 +49,11 @@ the world's; a table of the scratch database, on a ``psycopg`` connection with
    commit waits for the disk) and in ``memory_world`` (no database): the
    ``COMMIT``, the rest of ``World.save`` (encoding, the hash chain, the
    statements) and the engine outside ``World.save``, timed by wrapping those two
-   methods for the run.
+   methods for the run. And what a sync step's worker-thread hop costs with no
+   step around it: ``asyncio.to_thread`` of a function that does nothing, awaited
+   from a running loop, beside the least any hop costs: one thread of this
+   benchmark's own waiting on a queue and answering with ``call_soon_threadsafe``
+   (two wake-ups of a sleeping thread).
 
     .venv/bin/python -m benchmarks.bench_peer [--sizes 100,1000] [--reps 5] \
         [--backends sqlite,postgres] [--quick] [--only agent] [--profile] [--split] [--json]
@@ -64,11 +68,13 @@ import asyncio
 import contextlib
 import gc
 import os
+import queue
 import shutil
 import sqlite3
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -874,6 +880,68 @@ def split_step_time(kind: Kind, reps: int, figures: Figures) -> None:
             figures.add(f"{name}: of that, the engine outside World.save", total - save, "µs")
 
 
+def _nothing() -> int:
+    return 0
+
+
+class _BareHop:
+    """The least a hop from the loop to a thread and back costs: a thread waiting on a
+    queue, which calls the function and hands the loop its result."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._jobs: queue.SimpleQueue[asyncio.Future[Any] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while (future := self._jobs.get()) is not None:
+            self._loop.call_soon_threadsafe(future.set_result, _nothing())
+
+    def call(self) -> asyncio.Future[Any]:
+        future = self._loop.create_future()
+        self._jobs.put(future)
+        return future
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        self._thread.join()
+
+
+def thread_hop(reps: int, figures: Figures, calls: int = 2000) -> None:
+    """What a sync step's hop to a worker thread costs with no step around it, beside
+    the bare hop of :class:`_BareHop`; medians of reps of ``calls``, interleaved."""
+
+    async def timed() -> tuple[list[float], list[float]]:
+        bare = _BareHop(asyncio.get_running_loop())
+        hops: list[float] = []
+        floors: list[float] = []
+        try:
+            for _ in range(reps):
+                gc.collect()
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    await asyncio.to_thread(_nothing)
+                hops.append((time.perf_counter() - t0) / calls)
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    await bare.call()
+                floors.append((time.perf_counter() - t0) / calls)
+        finally:
+            bare.close()
+        return hops, floors
+
+    hops, floors = asyncio.run(timed())
+    figures.add(
+        f"a sync step's thread hop alone: asyncio.to_thread of a function that does nothing,"
+        f" per call, median of {reps}",
+        statistics.median(hops) * 1e6,
+        "µs",
+        baseline=statistics.median(floors) * 1e6,
+        baseline_what="a thread waiting on a queue, answering with call_soon_threadsafe",
+    )
+
+
 def empty_world_bytes(kind: Kind) -> int:
     """The bytes of a world opened and closed with nothing in it."""
     with kind.place() as place:
@@ -902,6 +970,7 @@ def measure(kind: Kind, args: argparse.Namespace, figures: Figures) -> None:
         profile_agent_step(kind)
     if args.split and kind.name == "sqlite":
         split_step_time(kind, args.reps, figures)
+        thread_hop(args.reps, figures)
     print(f"{kind.name}: measured in {time.perf_counter() - t0:.0f} s", flush=True)
 
 

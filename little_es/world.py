@@ -53,7 +53,13 @@ from little_es.aggregates import (
     decode_domain_event,
     is_domain_topic,
 )
-from little_es.backends.base import Backend, Lease, StreamWatch, check_leases
+from little_es.backends.base import (
+    WORLD_APPLICATION_NAME,
+    Backend,
+    Lease,
+    StreamWatch,
+    check_leases,
+)
 from little_es.backends.memory import MemoryBackend
 from little_es.backends.sqlite import SQLiteBackend, Synchronous
 from little_es.chain import (
@@ -214,7 +220,7 @@ codec, its commit policy). Spelt for the world's application
 class LittleApplication(Application[UUID]):
     """The eventsourcing Application behind every world (pydantic mapper, orjson bytes)."""
 
-    name = "LittleEs"
+    name = WORLD_APPLICATION_NAME
     env: ClassVar[dict[str, str]] = {
         "MAPPER_TOPIC": get_topic(PydanticMapper),
         "TRANSCODER_TOPIC": get_topic(OrjsonTranscoder),

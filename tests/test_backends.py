@@ -52,6 +52,7 @@ from eventsourcing_sqlalchemy.recorders import (
 )
 from psycopg import sql
 
+from little_es.backends.base import WORLD_APPLICATION_NAME, keeps_eventsourcing_table
 from little_es.backends.memory import (
     LittlePOPOApplicationRecorder,
     LittlePOPOFactory,
@@ -172,6 +173,26 @@ class TestMemoryFactory(persistence.InfrastructureFactoryTestCase[LittlePOPOFact
 # ------------------------------------------------------------------------ SQLite
 
 
+@pytest.mark.parametrize(
+    ("compact", "eventsourcing", "kept"),
+    [
+        (None, None, False),  # a new world
+        (None, False, True),  # made by an earlier version, before its first event
+        (None, True, True),
+        (False, True, True),  # an empty compact table beside an earlier version's rows
+        (False, False, False),
+        (False, None, False),
+        (True, None, False),
+        (True, False, False),
+        (True, True, False),  # another recorder wrote eventsourcing's table beside it
+    ],
+)
+def test_the_layout_is_the_one_whose_table_holds_the_worlds_rows(
+    compact: bool | None, eventsourcing: bool | None, kept: bool
+) -> None:
+    assert keeps_eventsourcing_table(compact, eventsourcing) is kept
+
+
 class SQLiteStorage(conformance.WorldTestCase):
     """A data directory of its own per test."""
 
@@ -239,6 +260,7 @@ class TestSQLiteWorld(SQLiteStorage, conformance.BackendTestCase):
 
 class TestSQLiteEventsourcingLayoutWorld(SQLiteEventsourcingLayoutStorage, TestSQLiteWorld):
     event_tables = ("stored_events", "stored_snapshots")
+    apart_from_other_applications = False
 
 
 class TestSQLiteEventRecorder(SQLiteStorage, conformance.EventRecorderTestCase):
@@ -282,10 +304,11 @@ class _TrackingSubclass(SQLiteTrackingRecorder):
 
 
 class TestSQLiteFactory(persistence.InfrastructureFactoryTestCase[LittleSQLiteFactory]):
-    """eventsourcing's factory case on little_es's SQLite factory (the world's fsync policy)."""
+    """eventsourcing's factory case on little_es's SQLite factory (the world's fsync policy),
+    for the world's application: the one it gives the compact layout."""
 
     def setUp(self) -> None:
-        self.env = Environment("TestCase")
+        self.env = Environment(WORLD_APPLICATION_NAME)
         self.env["PERSISTENCE_MODULE"] = get_topic(LittleSQLiteFactory)
         self.env["SQLITE_DBNAME"] = ":memory:"
         self.env[SYNCHRONOUS_ENV] = "full"
@@ -564,13 +587,14 @@ class _PostgresTrackingSubclass(PostgresTrackingRecorder):
 
 @pytest.mark.postgres
 class TestPostgresFactory(persistence.InfrastructureFactoryTestCase[LittlePostgresFactory]):
-    """eventsourcing's factory case on little_es's PostgreSQL factory (write-ahead commits)."""
+    """eventsourcing's factory case on little_es's PostgreSQL factory (write-ahead commits),
+    for the world's application: the one it gives the compact layout."""
 
     def setUp(self) -> None:
         # The schema first: the factory case's setUp constructs the factory from env.
         dsn, schema = _fresh_postgres_schema(self)
         parts = urlsplit(dsn)
-        self.env = Environment("TestCase")
+        self.env = Environment(WORLD_APPLICATION_NAME)
         self.env["PERSISTENCE_MODULE"] = get_topic(LittlePostgresFactory)
         self.env["POSTGRES_DBNAME"] = parts.path.lstrip("/")
         self.env["POSTGRES_HOST"] = parts.hostname or "127.0.0.1"

@@ -135,6 +135,22 @@ def test_two_writers_giving_the_same_new_keys_at_once_get_one_key_each(
     assert sorted(rows) == sorted((f"layout.race{i}", 2) for i in range(rounds))
 
 
+def test_new_keys_are_given_in_the_order_of_their_names(
+    world_spec: WorldSpec, world: World
+) -> None:
+    # So two writers giving the same new names at once take their locks in one order:
+    # one waits for the other, neither waits for a deadlock to be found (1 s).
+    names = [f"layout.order{i:02d}" for i in range(20)]
+    _recorder(world).insert_events(
+        [StoredEvent(uuid.uuid4(), 1, name, b"{}") for name in reversed(names)]
+    )
+    with world_spec.connect_postgres() as conn:
+        given = conn.execute(
+            "SELECT topic FROM little_es_topics WHERE topic LIKE 'layout.order%%' ORDER BY id"
+        ).fetchall()
+    assert [name for (name,) in given] == names
+
+
 def _plan(world_spec: WorldSpec, statement: bytes, params: tuple[Any, ...]) -> str:
     with world_spec.connect_postgres() as conn:
         conn.execute("ANALYZE little_es_events")

@@ -56,6 +56,10 @@ from little_es.ids import run_stream_id, validate_run_id
 from little_es.materialize import MaterializedRunState, RunStatus
 from little_es.values import ArtifactRef, HydratedArtifact, UsageTotals
 
+WORLD_APPLICATION_NAME = "LittleEs"
+"""The name of a world's eventsourcing application: the only one the factories of
+this package give the compact layout's tables (:data:`EVENTS_TABLE`). Another
+application that uses them keeps eventsourcing's own table, as it always had."""
 HEADS_TABLE = "little_es_heads"
 """Every chained stream's last version and digest, in the world's own database."""
 EVENTS_TABLE = "little_es_events"
@@ -68,6 +72,23 @@ TOPICS_TABLE = "little_es_topics"
 """The topics of :data:`EVENTS_TABLE`'s rows, by the integer each row holds."""
 ROWS_VIEW = "little_es_rows"
 """A view of :data:`EVENTS_TABLE` with stream ids and topics spelled out, to read by hand."""
+
+
+def keeps_eventsourcing_table(compact: bool | None, eventsourcing: bool | None) -> bool:
+    """Whether a world's events are in eventsourcing's table rather than the compact
+    layout's (:data:`EVENTS_TABLE`), given whether each table holds rows (None: there
+    is no such table).
+
+    The compact table once it holds rows: eventsourcing's table beside it was made
+    by another recorder (eventsourcing's process recorder of the same factory).
+    Otherwise eventsourcing's table when it holds rows, or when it is the only one
+    there (a world made by an earlier version, before its first event); a new world
+    gets the compact layout.
+    """
+    if compact:
+        return False
+    return bool(eventsourcing) or (eventsourcing is not None and compact is None)
+
 
 Row = tuple[int, str, bytes]
 """One stored event as the read path needs it: (version, topic, state)."""

@@ -67,6 +67,7 @@ from little_es.backends.base import (
     RUNS_TRACKING_TABLE,
     STREAMS_TABLE,
     TOPICS_TABLE,
+    WORLD_APPLICATION_NAME,
     ApplicationClass,
     ArtifactStore,
     Backend,
@@ -77,6 +78,7 @@ from little_es.backends.base import (
     StreamWatch,
     dump_state,
     dump_summary,
+    keeps_eventsourcing_table,
     load_state,
     oldest_first,
 )
@@ -984,13 +986,20 @@ class _Keys:
             .as_bytes(None)
         )
         # The names found, and those not found given a key (only those: every insert
-        # draws from the key's sequence, a conflict too).
+        # draws from the key's sequence, a conflict too). Given in the names' order:
+        # two writers giving the same new names wait for each other, never deadlock.
+        # Committed with synchronous_commit on, whatever the server's default: a key
+        # that a crash took back would be given again to another name, and the rows
+        # written with it by this process (which keeps it) would read as that name's.
         self._statement = (
             SQL(
-                "WITH found AS (SELECT id, {name} FROM {table} WHERE {name} = ANY(%s::{type}[])),"
+                "WITH durable AS MATERIALIZED"
+                " (SELECT set_config('synchronous_commit', 'on', true)),"
+                " found AS (SELECT id, {name} FROM {table} WHERE {name} = ANY(%s::{type}[])),"
                 " given AS (INSERT INTO {table} ({name})"
-                " SELECT n FROM unnest(%s::{type}[]) AS u (n)"
-                " WHERE n NOT IN (SELECT {name} FROM found) ON CONFLICT ({name}) DO NOTHING"
+                " SELECT n FROM durable, unnest(%s::{type}[]) AS u (n)"
+                " WHERE n NOT IN (SELECT {name} FROM found) ORDER BY n"
+                " ON CONFLICT ({name}) DO NOTHING"
                 " RETURNING id, {name}) SELECT id, {name} FROM found"
                 " UNION ALL SELECT id, {name} FROM given"
             )
@@ -1061,31 +1070,46 @@ _KEY_ROUNDS = 10
 class LittlePostgresFactory(PostgresFactory):
     """eventsourcing's PostgreSQL factory with little_es's recorders.
 
-    Its application recorder is :class:`CompactPostgresApplicationRecorder`,
-    except in a schema that already holds eventsourcing's events table (made by
-    an earlier version of little_es): that one keeps its layout
-    (:class:`LittlePostgresApplicationRecorder`), since nothing rewrites stored rows.
+    A world's application recorder is :class:`CompactPostgresApplicationRecorder`,
+    except in a schema whose events are in eventsourcing's table (made by an
+    earlier version of little_es; :func:`~little_es.backends.base.keeps_eventsourcing_table`
+    says which layout a schema holds): that one keeps its layout
+    (:class:`LittlePostgresApplicationRecorder`), since nothing rewrites stored
+    rows. Any other application keeps eventsourcing's table of its own name.
     """
 
     application_recorder_class = CompactPostgresApplicationRecorder
 
     def application_recorder(self) -> ApplicationRecorder:
         """The recorder for the layout the schema holds (a new schema: the compact one)."""
+        if self.env.get(self.APPLICATION_RECORDER_TOPIC):
+            return super().application_recorder()
         events_table_name = (self.env.name.lower() or "stored") + "_events"
-        if not self.env.get(self.APPLICATION_RECORDER_TOPIC) and self._holds(events_table_name):
-            recorder = LittlePostgresApplicationRecorder(
-                self.datastore, events_table_name=events_table_name
-            )
-            if self.env_create_table():
-                recorder.create_table()  # the heads table, in a schema from before it
-            return recorder
-        return super().application_recorder()
+        if self.env.name == WORLD_APPLICATION_NAME and not keeps_eventsourcing_table(
+            self._rows(EVENTS_TABLE), self._rows(events_table_name)
+        ):
+            return super().application_recorder()
+        recorder = LittlePostgresApplicationRecorder(
+            self.datastore, events_table_name=events_table_name
+        )
+        if self.env_create_table():
+            recorder.create_table()  # the heads table, in a schema from before it
+        return recorder
 
-    def _holds(self, table: str) -> bool:
+    def _rows(self, table: str) -> bool | None:
+        """Whether ``table`` holds rows; None when the schema has no such table."""
+        schema = self.datastore.schema
         with self.datastore.get_connection() as conn, conn.cursor(row_factory=tuple_row) as curs:
             curs.execute(
-                "SELECT to_regclass(%s) IS NOT NULL",
-                (f"{_quoted(self.datastore.schema)}.{_quoted(table)}",),
+                "SELECT to_regclass(%s) IS NOT NULL", (f"{_quoted(schema)}.{_quoted(table)}",)
+            )
+            row = curs.fetchone()
+            if not (row and row[0]):
+                return None
+            curs.execute(
+                SQL("SELECT EXISTS (SELECT FROM {0}.{1})").format(
+                    Identifier(schema), Identifier(table)
+                )
             )
             row = curs.fetchone()
             return bool(row and row[0])

@@ -71,6 +71,7 @@ from little_es.backends.base import (
     RUNS_TRACKING_TABLE,
     STREAMS_TABLE,
     TOPICS_TABLE,
+    WORLD_APPLICATION_NAME,
     ApplicationClass,
     ArtifactStore,
     Backend,
@@ -81,6 +82,7 @@ from little_es.backends.base import (
     StreamWatch,
     dump_state,
     dump_summary,
+    keeps_eventsourcing_table,
     load_state,
     oldest_first,
 )
@@ -778,10 +780,12 @@ class CompactSQLiteApplicationRecorder(LittleSQLiteApplicationRecorder):
 class LittleSQLiteFactory(SQLiteFactory):
     """eventsourcing's SQLite factory, opening connections with the world's ``synchronous``.
 
-    Its application recorder is :class:`CompactSQLiteApplicationRecorder`, except
-    on a file that already holds eventsourcing's events table (made by an earlier
-    version of little_es): that one keeps its layout
-    (:class:`LittleSQLiteApplicationRecorder`), since nothing rewrites stored rows.
+    A world's application recorder is :class:`CompactSQLiteApplicationRecorder`,
+    except on a file whose events are in eventsourcing's table (made by an earlier
+    version of little_es; :func:`~little_es.backends.base.keeps_eventsourcing_table`
+    says which layout a file holds): that one keeps its layout
+    (:class:`LittleSQLiteApplicationRecorder`), since nothing rewrites stored
+    rows. Any other application on the file keeps eventsourcing's table.
     """
 
     application_recorder_class = CompactSQLiteApplicationRecorder
@@ -802,20 +806,27 @@ class LittleSQLiteFactory(SQLiteFactory):
 
     def application_recorder(self) -> ApplicationRecorder:
         """The recorder for the layout the file holds (a new file: the compact one)."""
-        if not self.env.get(self.APPLICATION_RECORDER_TOPIC) and self._holds_eventsourcing_table():
-            recorder = LittleSQLiteApplicationRecorder(datastore=self.datastore)
-            if self.env_create_table():
-                recorder.create_table()  # the heads table, on a file from before it
-            return recorder
-        return super().application_recorder()
+        if self.env.get(self.APPLICATION_RECORDER_TOPIC):
+            return super().application_recorder()
+        if self.env.name == WORLD_APPLICATION_NAME and not keeps_eventsourcing_table(
+            self._rows(EVENTS_TABLE), self._rows(EVENTSOURCING_EVENTS_TABLE)
+        ):
+            return super().application_recorder()
+        recorder = LittleSQLiteApplicationRecorder(datastore=self.datastore)
+        if self.env_create_table():
+            recorder.create_table()  # the heads table, on a file from before it
+        return recorder
 
-    def _holds_eventsourcing_table(self) -> bool:
+    def _rows(self, table: str) -> bool | None:
+        """Whether ``table`` holds rows; None when the file has no such table."""
         with self.datastore.transaction(commit=False) as c:
-            c.execute(
-                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
-                (EVENTSOURCING_EVENTS_TABLE,),
-            )
-            return c.fetchone() is not None
+            c.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,))
+            if c.fetchone() is None:
+                return None
+            # The names are this module's constants, never input.
+            c.execute(f"SELECT EXISTS (SELECT 1 FROM {table})")
+            row = c.fetchone()
+            return bool(row and row[0])
 
 
 # -------------------------------------------------------------------- artifacts

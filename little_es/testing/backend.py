@@ -67,6 +67,8 @@ from typing import Any, ClassVar
 from unittest import TestCase, mock
 from uuid import UUID
 
+from eventsourcing.application import Application
+from eventsourcing.domain import Aggregate as EventsourcingAggregate
 from eventsourcing.persistence import (
     AggregateRecorder,
     ApplicationRecorder,
@@ -108,6 +110,7 @@ from little_es.ids import run_stream_id, session_stream_id
 from little_es.materialize import materialize_run_state
 from little_es.pricing import price_usage_exact
 from little_es.values import ArtifactRef, ErrorInfo, Message, ModelResponse, ToolCall, Usage
+from little_es.verify import verify_world
 from little_es.world import LittleApplication, World
 
 __all__ = [
@@ -369,6 +372,12 @@ class BackendTestCase(WorldTestCase):
     """Whether the backend's commits answer a :class:`~little_es.backends.base.StreamWatch`
     (False: it leaves ``unchanged`` empty, and only that nothing is wrongly reported
     unchanged is tested)."""
+
+    apart_from_other_applications: ClassVar[bool] = True
+    """Whether another eventsourcing application that uses the world's factory writes
+    tables of its own (False: it shares the world's, as every application on an
+    SQLite file in eventsourcing's layout shares eventsourcing's table; only that the
+    world keeps its layout and its log is tested)."""
 
     _world: World | None = None
 
@@ -1040,6 +1049,35 @@ class BackendTestCase(WorldTestCase):
         reopened.save(more)
         self.assertEqual(len(reopened.read_stream(run.id)), len(run_events) + 1)
 
+    def test_other_recorders_of_the_factory_leave_the_worlds_log_alone(self) -> None:
+        """Tables that eventsourcing's process recorder of the world's factory makes, and
+        the events of another application that uses the factory, change nothing of the
+        world: opened again, it keeps its layout and reads all of its log and nothing
+        of the other's."""
+        self._require_persistent()
+        world = self.open_world()
+        run = _start_run("run_beside")
+        world.save(run)
+        recorder_class = type(world.app.recorder)
+        run_events = world.read_stream(run.id)
+        world.app.factory.process_recorder()  # its tables, made as eventsourcing makes them
+        env = {k: v for k, v in world.app.env.items() if k not in _CODEC_SETTINGS}
+        beside = _BesideApplication(env=env)
+        try:
+            beside.save(_BesideNote("kept apart"))
+        finally:
+            beside.close()
+        world.close()
+
+        reopened = self.open_world()
+        self.assertIs(type(reopened.app.recorder), recorder_class)
+        self.assertEqual(reopened.read_stream(run.id), run_events)
+        if self.apart_from_other_applications:
+            topics = {n.topic for n in reopened.app.recorder.select_notifications(None, 1000)}
+            self.assertFalse({t for t in topics if "Beside" in t}, topics)
+            report = verify_world(reopened)
+            self.assertTrue(report.ok, report)
+
     # --------------------------------------------- insert-only: never UPDATE/DELETE
 
     def full_exercise(self) -> int:
@@ -1177,3 +1215,14 @@ class ExampleApplicationTestCase(application.ExampleApplicationTestCase, WorldTe
         self.assertTrue(self.expected_factory_topic.startswith("little_es."), env)
         with mock.patch.dict(os.environ, env):
             super().test_example_application()
+
+
+class _BesideNote(EventsourcingAggregate):
+    """An aggregate of an application other than the world's (:class:`_BesideApplication`)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+class _BesideApplication(Application[UUID]):
+    """An eventsourcing application that uses the world's factory and settings."""
