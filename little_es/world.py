@@ -605,8 +605,11 @@ class World:
         the history the backend remembers outside it. A new world is recorded
         with its first save (:meth:`save`): opening one writes nothing.
         """
-        record = self._load(WorldRecord, world_stream_id())
+        # The marker first: it is written once the record is committed, so a marker read
+        # here has its record in the read after it (another process may be making the
+        # world's first commit right now).
         outside = self.backend.marker()
+        record = self._load(WorldRecord, world_stream_id())
         if record is not None and record.created is not None:
             world_id = record.created.world_id
             if outside is None:

@@ -74,20 +74,17 @@ ROWS_VIEW = "little_es_rows"
 """A view of :data:`EVENTS_TABLE` with stream ids and topics spelled out, to read by hand."""
 
 
-def keeps_eventsourcing_table(compact: bool | None, eventsourcing: bool | None) -> bool:
+def keeps_eventsourcing_table(*, compact: bool, eventsourcing: bool) -> bool:
     """Whether a world's events are in eventsourcing's table rather than the compact
-    layout's (:data:`EVENTS_TABLE`), given whether each table holds rows (None: there
-    is no such table).
+    layout's (:data:`EVENTS_TABLE`), given which of the two tables the database has.
 
-    The compact table once it holds rows: eventsourcing's table beside it was made
-    by another recorder (eventsourcing's process recorder of the same factory).
-    Otherwise eventsourcing's table when it holds rows, or when it is the only one
-    there (a world made by an earlier version, before its first event); a new world
-    gets the compact layout.
+    The compact table is made only where eventsourcing's is not: by this version, on
+    a new world. So once it is there it is the world's, whatever is in either:
+    eventsourcing's table beside it is another recorder's (eventsourcing's process
+    recorder of the same factory, another application on the same SQLite file),
+    and the compact table of a new world is empty until the world's first commit.
     """
-    if compact:
-        return False
-    return bool(eventsourcing) or (eventsourcing is not None and compact is None)
+    return eventsourcing and not compact
 
 
 Row = tuple[int, str, bytes]

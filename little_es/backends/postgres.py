@@ -1086,7 +1086,7 @@ class LittlePostgresFactory(PostgresFactory):
             return super().application_recorder()
         events_table_name = (self.env.name.lower() or "stored") + "_events"
         if self.env.name == WORLD_APPLICATION_NAME and not keeps_eventsourcing_table(
-            self._rows(EVENTS_TABLE), self._rows(events_table_name)
+            compact=self._holds(EVENTS_TABLE), eventsourcing=self._holds(events_table_name)
         ):
             return super().application_recorder()
         recorder = LittlePostgresApplicationRecorder(
@@ -1096,20 +1096,11 @@ class LittlePostgresFactory(PostgresFactory):
             recorder.create_table()  # the heads table, in a schema from before it
         return recorder
 
-    def _rows(self, table: str) -> bool | None:
-        """Whether ``table`` holds rows; None when the schema has no such table."""
-        schema = self.datastore.schema
+    def _holds(self, table: str) -> bool:
         with self.datastore.get_connection() as conn, conn.cursor(row_factory=tuple_row) as curs:
             curs.execute(
-                "SELECT to_regclass(%s) IS NOT NULL", (f"{_quoted(schema)}.{_quoted(table)}",)
-            )
-            row = curs.fetchone()
-            if not (row and row[0]):
-                return None
-            curs.execute(
-                SQL("SELECT EXISTS (SELECT FROM {0}.{1})").format(
-                    Identifier(schema), Identifier(table)
-                )
+                "SELECT to_regclass(%s) IS NOT NULL",
+                (f"{_quoted(self.datastore.schema)}.{_quoted(table)}",),
             )
             row = curs.fetchone()
             return bool(row and row[0])

@@ -33,6 +33,7 @@ import re
 import socket
 import sqlite3
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -360,10 +361,7 @@ class _SQLiteConnectionPool(SQLiteConnectionPool):
             raise InterfaceError(e) from e
         try:
             if not self.is_sqlite_memory_mode and not self.is_journal_mode_wal:
-                if c.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
-                    c.execute("PRAGMA journal_mode=WAL")
-                    self.journal_mode_was_changed_to_wal = True
-                self.is_journal_mode_wal = True
+                self._use_wal(c)
             # Per connection: SQLite does not store this pragma in the file.
             c.execute(f"PRAGMA synchronous={self.synchronous}")
         except sqlite3.Error as e:
@@ -375,6 +373,26 @@ class _SQLiteConnectionPool(SQLiteConnectionPool):
             raise OperationalError(e) from e
         c.row_factory = sqlite3.Row  # eventsourcing's recorders read rows by column name
         return SQLiteConnection(sqlite_conn=c, max_age=self.max_age)
+
+    def _use_wal(self, c: sqlite3.Connection) -> None:
+        """Switch the file to WAL unless it is already: once, by whichever process comes first.
+
+        SQLite refuses a switch that meets another connection's at once
+        (``SQLITE_BUSY``) instead of waiting as for a lock: processes opening a new
+        world together try again, reading the mode afresh, until the lock timeout.
+        """
+        deadline = time.monotonic() + (self.lock_timeout or SQLITE3_DEFAULT_LOCK_TIMEOUT)
+        while True:
+            try:
+                if c.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                    c.execute("PRAGMA journal_mode=WAL")
+                    self.journal_mode_was_changed_to_wal = True
+                break
+            except sqlite3.OperationalError as exc:
+                if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+        self.is_journal_mode_wal = True
 
 
 MARKER_FILE = "world.json"
@@ -797,10 +815,18 @@ class LittleSQLiteFactory(SQLiteFactory):
             raise ValueError(f"{SYNCHRONOUS_ENV} must be 'full' or 'normal', got {synchronous!r}")
         old = self.datastore.pool
         # No connection has been made yet: swap the pool for one that sets the pragma.
+        # A thread waits for the writer connection as long as its holder may wait for the
+        # file's lock (another process's commit, an import, a backup): not eventsourcing's
+        # 5 s, which failed the second of two threads appending while the file was locked.
         self.datastore.pool = _SQLiteConnectionPool(
             synchronous=synchronous,  # type: ignore[arg-type]
             db_name=old.db_name,
             lock_timeout=old.lock_timeout,
+            pool_size=old.pool_size,
+            max_overflow=old.max_overflow,
+            pool_timeout=max(old.pool_timeout, old.lock_timeout or SQLITE3_DEFAULT_LOCK_TIMEOUT),
+            max_age=old.max_age,
+            pre_ping=old.pre_ping,
         )
         old.close()
 
@@ -809,7 +835,7 @@ class LittleSQLiteFactory(SQLiteFactory):
         if self.env.get(self.APPLICATION_RECORDER_TOPIC):
             return super().application_recorder()
         if self.env.name == WORLD_APPLICATION_NAME and not keeps_eventsourcing_table(
-            self._rows(EVENTS_TABLE), self._rows(EVENTSOURCING_EVENTS_TABLE)
+            compact=self._holds(EVENTS_TABLE), eventsourcing=self._holds(EVENTSOURCING_EVENTS_TABLE)
         ):
             return super().application_recorder()
         recorder = LittleSQLiteApplicationRecorder(datastore=self.datastore)
@@ -817,16 +843,10 @@ class LittleSQLiteFactory(SQLiteFactory):
             recorder.create_table()  # the heads table, on a file from before it
         return recorder
 
-    def _rows(self, table: str) -> bool | None:
-        """Whether ``table`` holds rows; None when the file has no such table."""
+    def _holds(self, table: str) -> bool:
         with self.datastore.transaction(commit=False) as c:
             c.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,))
-            if c.fetchone() is None:
-                return None
-            # The names are this module's constants, never input.
-            c.execute(f"SELECT EXISTS (SELECT 1 FROM {table})")
-            row = c.fetchone()
-            return bool(row and row[0])
+            return c.fetchone() is not None
 
 
 # -------------------------------------------------------------------- artifacts

@@ -1056,17 +1056,20 @@ class BackendTestCase(WorldTestCase):
         of the other's."""
         self._require_persistent()
         world = self.open_world()
-        run = _start_run("run_beside")
-        world.save(run)
         recorder_class = type(world.app.recorder)
-        run_events = world.read_stream(run.id)
-        world.app.factory.process_recorder()  # its tables, made as eventsourcing makes them
+        # Before the world's first commit: a new world's tables are empty until then.
         env = {k: v for k, v in world.app.env.items() if k not in _CODEC_SETTINGS}
         beside = _BesideApplication(env=env)
         try:
             beside.save(_BesideNote("kept apart"))
         finally:
             beside.close()
+        # A second process opening the world now writes where the first does.
+        self.assertIs(type(self.open_world().app.recorder), recorder_class)
+        run = _start_run("run_beside")
+        world.save(run)
+        run_events = world.read_stream(run.id)
+        world.app.factory.process_recorder()  # its tables, made as eventsourcing makes them
         world.close()
 
         reopened = self.open_world()

@@ -1,0 +1,115 @@
+"""Opening a local (SQLite) world while other processes and threads use it.
+
+Processes that open a new world at the same moment all open it (SQLite refuses
+a switch to WAL that meets another at once, instead of waiting: the world tries
+again); a world opened while another process makes its first commit is not
+taken for one whose database was replaced; a thread waits for the writer
+connection as long as its holder may wait for the file's lock.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from little_es import local_world
+from little_es.backends.sqlite import SQLiteBackend, _SQLiteConnectionPool
+from little_es.testing.backend import _start_run
+
+# Each child opens the world of every trial, once the trial's go file is there: the
+# children of a trial open the new world at the same moment. It stops at its first failure.
+_OPENER = textwrap.dedent(
+    """
+    import os, sys
+    from pathlib import Path
+    from little_es import local_world
+    from little_es.testing.backend import _start_run
+
+    base, trials, n = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    (base / f"ready{n}").touch()
+    for trial in range(trials):
+        go = str(base / f"go{trial}")
+        while not os.path.exists(go):
+            pass  # no sleep: one spreads the openings too far apart to meet
+        with local_world(base / f"world{trial}") as world:
+            world.save(_start_run(f"run_{n}"))
+        (base / f"done{trial}-{n}").touch()
+    """
+)
+
+
+def _wait_for(paths: list[Path], children: list[subprocess.Popen[str]]) -> None:
+    deadline = time.monotonic() + 60
+    while not all(p.exists() for p in paths):
+        failed = [c for c in children if c.poll() not in (None, 0)]
+        assert not failed, [c.stderr.read().strip().splitlines()[-1:] for c in failed if c.stderr]
+        assert time.monotonic() < deadline, "the children did not get there in 60 s"
+        time.sleep(0.005)
+
+
+def test_processes_opening_a_new_world_at_once_all_open_it(tmp_path: Path) -> None:
+    trials, processes = 8, 4
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", _OPENER, str(tmp_path), str(trials), str(n)],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(processes)
+    ]
+    try:
+        _wait_for([tmp_path / f"ready{n}" for n in range(processes)], children)
+        for trial in range(trials):
+            (tmp_path / f"go{trial}").touch()
+            _wait_for([tmp_path / f"done{trial}-{n}" for n in range(processes)], children)
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+            child.communicate()
+    for trial in range(trials):
+        with local_world(tmp_path / f"world{trial}") as world:
+            for n in range(processes):
+                assert world.load_run(f"run_{n}").fold.status == "running"
+
+
+def test_a_world_opened_while_another_process_makes_its_first_commit_is_not_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    directory = tmp_path / "world"
+    first = local_world(directory)
+    read_marker = SQLiteBackend.marker
+    committed: list[bool] = []
+
+    def marker(self: SQLiteBackend) -> str | None:
+        # The other opener's first commit (the world's record, then the marker file)
+        # lands while this one is checking the record against the marker.
+        if not committed:
+            committed.append(True)
+            first.save(_start_run("run_first"))
+        return read_marker(self)
+
+    monkeypatch.setattr(SQLiteBackend, "marker", marker)
+    try:
+        with local_world(directory) as second:
+            assert second.load_run("run_first").fold.status == "running"
+    finally:
+        first.close()
+    assert committed
+
+
+def test_a_thread_waits_for_the_writer_connection_as_long_as_for_the_files_lock(
+    tmp_path: Path,
+) -> None:
+    # eventsourcing's pool gives up after 5 s: a second thread appending while another
+    # process held the file's lock failed, where the first waited up to the lock timeout.
+    with local_world(tmp_path / "world") as world:
+        pool = world.app.factory.datastore.pool  # type: ignore[attr-defined]
+        assert isinstance(pool, _SQLiteConnectionPool)
+        assert pool.lock_timeout is not None and pool.lock_timeout > 5
+        assert pool.pool_timeout >= pool.lock_timeout
