@@ -1,21 +1,26 @@
-"""Opening a local (SQLite) world while other processes and threads use it.
+"""A local (SQLite) world's file while other processes and threads use it.
 
 Processes that open a new world at the same moment all open it (SQLite refuses
 a switch to WAL that meets another at once, instead of waiting: the world tries
 again); a world opened while another process makes its first commit is not
 taken for one whose database was replaced; a thread waits for the writer
-connection as long as its holder may wait for the file's lock.
+connection as long as its holder may wait for the file's lock; a file restored
+from a backup under an open world gets its rows under their own streams and
+topics (the insert reads the integer keys by name, the process keeps none).
 """
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from pathlib import Path
 
 import pytest
+from eventsourcing.persistence import StoredEvent
 
 from little_es import local_world
 from little_es.backends.sqlite import SQLiteBackend, _SQLiteConnectionPool
@@ -25,7 +30,7 @@ from little_es.testing.backend import _start_run
 # children of a trial open the new world at the same moment. It stops at its first failure.
 _OPENER = textwrap.dedent(
     """
-    import os, sys
+    import os, sys, time
     from pathlib import Path
     from little_es import local_world
     from little_es.testing.backend import _start_run
@@ -33,9 +38,10 @@ _OPENER = textwrap.dedent(
     base, trials, n = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     (base / f"ready{n}").touch()
     for trial in range(trials):
-        go = str(base / f"go{trial}")
-        while not os.path.exists(go):
-            pass  # no sleep: one spreads the openings too far apart to meet
+        go, deadline = str(base / f"go{trial}"), time.monotonic() + 60
+        while not os.path.exists(go):  # no sleep: one spreads the openings too far apart
+            if time.monotonic() > deadline:
+                sys.exit("no go file in 60 s")
         with local_world(base / f"world{trial}") as world:
             world.save(_start_run(f"run_{n}"))
         (base / f"done{trial}-{n}").touch()
@@ -71,7 +77,10 @@ def test_processes_opening_a_new_world_at_once_all_open_it(tmp_path: Path) -> No
         for child in children:
             if child.poll() is None:
                 child.kill()
-            child.communicate()
+        for child in children:
+            child.wait()
+            if child.stderr:
+                child.stderr.close()
     for trial in range(trials):
         with local_world(tmp_path / f"world{trial}") as world:
             for n in range(processes):
@@ -113,3 +122,39 @@ def test_a_thread_waits_for_the_writer_connection_as_long_as_for_the_files_lock(
         assert isinstance(pool, _SQLiteConnectionPool)
         assert pool.lock_timeout is not None and pool.lock_timeout > 5
         assert pool.pool_timeout >= pool.lock_timeout
+
+
+def test_a_file_restored_under_an_open_world_gets_its_rows_under_their_own_names(
+    tmp_path: Path,
+) -> None:
+    directory = tmp_path / "world"
+    events, backup = directory / "events.sqlite3", tmp_path / "backup.sqlite3"
+    with local_world(directory) as world, local_world(directory) as other:
+        recorder = world.app.recorder
+        first, second = uuid.uuid4(), uuid.uuid4()
+        recorder.insert_events([StoredEvent(first, 1, "restore.started", b"1")])
+        with sqlite3.connect(events) as source, sqlite3.connect(backup) as copy:
+            source.backup(copy)
+        recorder.insert_events(
+            [
+                StoredEvent(second, 1, "restore.started", b"2"),
+                StoredEvent(second, 2, "restore.secret", b"3"),
+            ]
+        )
+        # Restored in place: the second stream and its new topic are gone, and the
+        # integers they had are free for other names.
+        with sqlite3.connect(backup) as source, sqlite3.connect(events) as restored:
+            source.backup(restored)
+        another = uuid.uuid4()
+        other.app.recorder.insert_events([StoredEvent(another, 1, "restore.other", b"4")])
+        recorder.insert_events([StoredEvent(second, 3, "restore.secret", b"5")])
+        rows = [
+            (n.originator_id, n.originator_version, n.topic, n.state)
+            for n in recorder.select_notifications(None, 10)
+        ]
+        assert rows == [
+            (first, 1, "restore.started", b"1"),
+            (another, 1, "restore.other", b"4"),
+            (second, 3, "restore.secret", b"5"),
+        ]
+        assert [e.state for e in other.app.recorder.select_events(another)] == [b"4"]

@@ -397,6 +397,10 @@ class _SQLiteConnectionPool(SQLiteConnectionPool):
 
 MARKER_FILE = "world.json"
 _SELECT_HEAD = f"SELECT version, digest, running FROM {HEADS_TABLE} WHERE stream_id=?"
+_GIVE_STREAM_KEY = (
+    f"INSERT INTO {STREAMS_TABLE} (stream_id) VALUES (?) ON CONFLICT (stream_id) DO NOTHING"
+)
+_GIVE_TOPIC_KEY = f"INSERT INTO {TOPICS_TABLE} (topic) VALUES (?) ON CONFLICT (topic) DO NOTHING"
 EVENTSOURCING_EVENTS_TABLE = "stored_events"
 """eventsourcing's events table, which files made before the compact layout hold."""
 # One stream's (version, topic, state) rows in the compact layout, by its id in hex.
@@ -576,13 +580,9 @@ class LittleSQLiteApplicationRecorder(SQLiteApplicationRecorder):
                     # Read under the write lock, which no other writer's commit passes, so
                     # what this finds is the stream as this commit leaves it.
                     changed = self._changed(c, watch) if watch is not None else ()
-            except BaseException:
-                self._ended(committed=False)
-                raise
             finally:
                 if relax:
                     conn._sqlite_conn.execute(f"PRAGMA synchronous={pool.synchronous}")
-            self._ended(committed=True)
             if watch is not None:
                 watch.found(changed)
             return ids
@@ -598,11 +598,6 @@ class LittleSQLiteApplicationRecorder(SQLiteApplicationRecorder):
             if c.fetchone() is not None:
                 changed.append(sid)
         return changed
-
-    def _ended(self, *, committed: bool) -> None:
-        """Called with the writer connection still held, once an insert's transaction has
-        committed or rolled back (:class:`CompactSQLiteApplicationRecorder` keeps the ids it
-        gave then)."""
 
 
 class CompactSQLiteApplicationRecorder(LittleSQLiteApplicationRecorder):
@@ -627,14 +622,13 @@ class CompactSQLiteApplicationRecorder(LittleSQLiteApplicationRecorder):
 
     def __init__(self, datastore: SQLiteDatastore, events_table_name: str = EVENTS_TABLE) -> None:
         super().__init__(datastore, events_table_name)
-        # The ids committed, and those given in the insert under way: a rolled-back
-        # insert's ids may be given again to other streams by another process.
-        self._stream_keys: dict[str, int] = {}
-        self._topic_keys: dict[str, int] = {}
-        self._new_stream_keys: dict[str, int] = {}
-        self._new_topic_keys: dict[str, int] = {}
+        # The insert reads the keys by name, under its write lock: the process keeps
+        # none, so none can be stale (a file restored from a backup while the process
+        # has it open holds other keys for the same names, or none).
         self.insert_events_statement = (
-            f"INSERT INTO {EVENTS_TABLE} (stream, version, topic, state) VALUES (?,?,?,?)"
+            f"INSERT INTO {EVENTS_TABLE} (stream, version, topic, state)"
+            f" SELECT s.id, ?, t.id, ? FROM {STREAMS_TABLE} s, {TOPICS_TABLE} t"
+            " WHERE s.stream_id = ? AND t.topic = ? RETURNING rowid"
         )
         self.select_max_notification_id_statement = f"SELECT MAX(rowid) FROM {EVENTS_TABLE}"
 
@@ -667,55 +661,26 @@ class CompactSQLiteApplicationRecorder(LittleSQLiteApplicationRecorder):
     def _insert_rows(
         self, c: SQLiteCursor, stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> Sequence[int] | None:
-        """Insert the rows, each with the integers of its stream id and topic."""
+        """Insert the rows, each with the integers of its stream id and topic (given in
+        this transaction to a stream or topic that has none yet)."""
         ids = []
         for s in stored_events:
             sid = s.originator_id
-            c.execute(
-                self.insert_events_statement,
-                (
-                    self._key(c, sid.hex if isinstance(sid, UUID) else sid, stream=True),
-                    s.originator_version,
-                    self._key(c, s.topic, stream=False),
-                    s.state,
-                ),
+            row = (
+                s.originator_version,
+                s.state,
+                sid.hex if isinstance(sid, UUID) else sid,
+                s.topic,
             )
-            ids.append(c.lastrowid)
+            c.execute(self.insert_events_statement, row)
+            inserted = c.fetchone()
+            if inserted is None:  # the stream or the topic has no key yet
+                c.execute(_GIVE_STREAM_KEY, (row[2],))
+                c.execute(_GIVE_TOPIC_KEY, (row[3],))
+                c.execute(self.insert_events_statement, row)
+                inserted = c.fetchone()
+            ids.append(inserted[0])
         return ids
-
-    def _key(self, c: SQLiteCursor, name: str, *, stream: bool) -> int:
-        """The integer that stands for a stream id or a topic, given here if it is new."""
-        keys, new = (
-            (self._stream_keys, self._new_stream_keys)
-            if stream
-            else (self._topic_keys, self._new_topic_keys)
-        )
-        key = keys.get(name)
-        if key is None:
-            key = new.get(name)
-        if key is None:
-            table, column = (STREAMS_TABLE, "stream_id") if stream else (TOPICS_TABLE, "topic")
-            # The INSERT first: it takes the write lock before the SELECT reads, so the
-            # transaction is never a reader that must then upgrade (SQLITE_BUSY in WAL).
-            c.execute(
-                f"INSERT INTO {table} ({column}) VALUES (?) ON CONFLICT ({column}) DO NOTHING"
-                " RETURNING id",
-                (name,),
-            )
-            row = c.fetchone()
-            if row is not None:
-                key = new[name] = row[0]
-            else:  # committed by another process since this one last looked
-                c.execute(f"SELECT id FROM {table} WHERE {column} = ?", (name,))
-                key = keys[name] = c.fetchone()[0]
-        return key
-
-    def _ended(self, *, committed: bool) -> None:
-        if committed:
-            self._stream_keys.update(self._new_stream_keys)
-            self._topic_keys.update(self._new_topic_keys)
-        self._new_stream_keys.clear()
-        self._new_topic_keys.clear()
 
     def select_events(
         self,
