@@ -11,11 +11,13 @@ records durable with it, because the log is written in order.
 from __future__ import annotations
 
 import shutil
+import sqlite3
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -170,6 +172,54 @@ def test_sqlite_connection_returns_to_the_worlds_policy(tmp_path: Path) -> None:
             "StepStarted",
             "StepCompleted",
         ]
+
+
+class _CommitFails:
+    """A connection whose next COMMIT fails and leaves its transaction open, as a failed
+    COMMIT can (SQLITE_BUSY, SQLITE_FULL); everything else goes to the real one."""
+
+    def __init__(self, real: sqlite3.Connection) -> None:
+        self.real = real
+
+    def commit(self) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+@pytest.mark.parametrize("failing", ["write-ahead", "result"])
+def test_sqlite_connection_left_in_a_transaction_is_not_reused(
+    tmp_path: Path, failing: str
+) -> None:
+    # A write-ahead commit runs at synchronous=NORMAL and sets the world's level again
+    # after it, which SQLite refuses inside a transaction: a connection its failed COMMIT
+    # left in one would go back to the pool at NORMAL (and the error be that refusal), and
+    # a later result's commit on it would not be fsynced. After a result's failed COMMIT,
+    # the connection would refuse its next BEGIN.
+    with local_world(tmp_path) as world:
+        run = _started(world, "run_failed_commit")
+        if failing == "result":
+            _step(run, world, 1, complete=False)
+        datastore = world.app.recorder.datastore  # type: ignore[attr-defined]
+        writer = datastore.pool.get_connection(is_writer=True)
+        writer._sqlite_conn = _CommitFails(writer._sqlite_conn)
+        datastore.pool.put_connection(writer)
+        with pytest.raises(Exception, match="disk I/O error"):
+            if failing == "result":
+                run.trigger(StepCompleted, step_path="s1", step_id="s1", visit=1, attempt=1)
+                world.save(run)
+            else:
+                _step(run, world, 1, complete=False)
+        assert writer.closed
+        # A fresh connection, at the world's level, takes the next commits.
+        with datastore.transaction(commit=False) as cursor:
+            cursor.execute("PRAGMA synchronous")
+            assert cursor.fetchone()[0] == 2  # FULL
+        _step(world.load_run("run_failed_commit"), world, 2, complete=True)
+        names = [e.wire_name for e in world.read_stream(run.id)][1:]
+        started = ["StepStarted"] if failing == "result" else []
+        assert names == [*started, "StepStarted", "StepCompleted"]
 
 
 # --------------------------------------------------------------------- PostgreSQL

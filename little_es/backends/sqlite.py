@@ -581,8 +581,7 @@ class LittleSQLiteApplicationRecorder(SQLiteApplicationRecorder):
                     # what this finds is the stream as this commit leaves it.
                     changed = self._changed(c, watch) if watch is not None else ()
             finally:
-                if relax:
-                    conn._sqlite_conn.execute(f"PRAGMA synchronous={pool.synchronous}")
+                _settle(conn, pool.synchronous if relax else None)
             if watch is not None:
                 watch.found(changed)
             return ids
@@ -598,6 +597,27 @@ class LittleSQLiteApplicationRecorder(SQLiteApplicationRecorder):
             if c.fetchone() is not None:
                 changed.append(sid)
         return changed
+
+
+def _settle(conn: SQLiteConnection, synchronous: str | None) -> None:
+    """Leave ``conn`` fit for the pool after an insert: back at the world's ``synchronous``
+    level (None: never changed), or closed, so that the pool opens a fresh one.
+
+    A failed COMMIT or ROLLBACK can leave the transaction open (SQLITE_BUSY, SQLITE_FULL),
+    and SQLite refuses to change the level inside one: reused, such a connection would
+    refuse its next BEGIN, or commit a result at NORMAL, without the fsync the world
+    promises. The insert's own error, if any, is what the caller sees.
+    """
+    raw = conn._sqlite_conn
+    if not raw.in_transaction:
+        if synchronous is None:
+            return
+        try:
+            raw.execute(f"PRAGMA synchronous={synchronous}")
+            return
+        except sqlite3.Error:
+            pass
+    conn.close()
 
 
 class CompactSQLiteApplicationRecorder(LittleSQLiteApplicationRecorder):
