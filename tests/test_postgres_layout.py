@@ -195,3 +195,32 @@ def test_a_version_past_the_layouts_integer_is_refused_with_nothing_written(
             ]
         )
     assert [e.originator_version for e in recorder.select_events(stream)] == [1]
+
+
+def test_rows_are_filed_by_name_when_the_server_lost_a_key_this_process_knows(
+    world_spec: WorldSpec, world: World
+) -> None:
+    # A failover to a replica that had not received a key's commit: the key is gone,
+    # and the sequence gives its integer again, here to another stream. This process
+    # still knows the old key; its next rows must go under their own stream's name.
+    recorder = _recorder(world)
+    lost, other = uuid.uuid4(), uuid.uuid4()
+    recorder.insert_events([StoredEvent(lost, 1, "layout.row", b"1")])
+    with world_spec.connect_postgres() as conn:
+        # What the replica holds: neither the stream's key nor its row, and the key's
+        # integer given to another stream.
+        conn.execute(
+            "DELETE FROM little_es_events WHERE stream ="
+            " (SELECT id FROM little_es_streams WHERE stream_id = %s)",
+            (lost,),
+        )
+        conn.execute(
+            "UPDATE little_es_streams SET stream_id = %s WHERE stream_id = %s", (other, lost)
+        )
+    recorder.insert_events([StoredEvent(lost, 1, "layout.row", b"again")])
+    with open_world(world_spec.url) as fresh:
+        reader = _recorder(fresh)
+        assert [e.state for e in reader.select_events(lost)] == [b"again"]
+        assert reader.select_events(other) == []
+    # And this process reads the stream under its new key.
+    assert [e.state for e in recorder.select_events(lost)] == [b"again"]

@@ -36,8 +36,10 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
+import psycopg.errors
 from eventsourcing.persistence import (
     ApplicationRecorder,
+    IntegrityError,
     InterfaceError,
     Notification,
     OperationalError,
@@ -371,8 +373,8 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
         return rows
 
     def _row_columns(self) -> tuple[SQL, tuple[str, str, str, str]]:
-        """The events table's columns the insert writes, and the types of their values
-        (catalog names: each is quoted as an identifier)."""
+        """The events table's columns the insert writes, and the types of the values
+        :meth:`_row_values` gives for them (catalog names: each is quoted as an identifier)."""
         return (
             SQL("originator_id, originator_version, topic, state"),
             (self.datastore.originator_id_type, "int8", "text", "bytea"),
@@ -381,8 +383,16 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
     def _row_values(
         self, conn: psycopg.Connection[Any], stored_events: Sequence[StoredEvent]
     ) -> list[tuple[Any, int, Any, bytes]]:
-        """Each row's values for :meth:`_row_columns`."""
+        """Each row's values, of the types of :meth:`_row_columns`."""
         return [(e.originator_id, e.originator_version, e.topic, e.state) for e in stored_events]
+
+    def _row_selected(self) -> SQL | Composed:
+        """What the insert writes into :meth:`_row_columns` of a row ``r`` of those values."""
+        return SQL("r.i, r.v, r.t, r.s")
+
+    def _stream_param_type(self) -> str:
+        """The type of :meth:`_stream_param` (a catalog name)."""
+        return self.datastore.originator_id_type
 
     def _later_rows(self, stream_id: SQL | Composed, version: SQL) -> Composed:
         """A query of the rows of a stream (:meth:`_stream_param`) after a version."""
@@ -622,8 +632,15 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
         statement = SQL(
             "WITH options AS MATERIALIZED ({options}), inserted AS ("
             "INSERT INTO {events} ({columns})"
-            " SELECT r.i, r.v, r.t, r.s FROM options, {rows}{order} RETURNING notification_id)"
-        ).format(options=options, events=self._events, columns=columns, rows=rows, order=order)
+            " SELECT {selected} FROM options, {rows}{order} RETURNING notification_id)"
+        ).format(
+            options=options,
+            events=self._events,
+            columns=columns,
+            selected=self._row_selected(),
+            rows=rows,
+            order=order,
+        )
         if heads:
             values = (
                 SQL("(VALUES (%s::uuid, %s::bigint, %s::bytea, %s::bytea)) AS h (i, v, d, r)")
@@ -638,7 +655,7 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
                 " ON CONFLICT (stream_id) DO UPDATE SET version = EXCLUDED.version,"
                 " digest = EXCLUDED.digest, running = EXCLUDED.running)"
             ).format(heads=self._heads, values=values)
-        stream_type = Identifier(types[0])
+        stream_type = Identifier(self._stream_param_type())
         # The watched streams are read in the statement's snapshot, as they stood when
         # this commit began: a cancel that commits meanwhile is seen one call later, as
         # one that commits just after a check's own query is.
@@ -742,10 +759,17 @@ class CompactPostgresApplicationRecorder(LittlePostgresApplicationRecorder):
     own just before the insert that first needs them, committed at once: one
     more round trip for a commit that starts a stream. A row of those tables
     that no event uses (the insert after it failed) stands for nothing. The
-    process keeps every key it has given or read; a read of a stream whose key
-    it does not know looks the key up first (no key: the stream has no rows),
-    and the names of a stream's topics come from the keys it knows (faster
-    than a join with the topics table).
+    insert sends stream ids and topics by name and reads their keys in its
+    statement, so a row is always filed under its own names; the process keeps
+    every key it has given or read only to know which names need none given.
+    If the server lost a key this process knows (a failover to a replica that
+    had not received its commit), the insert fails with nothing written, and
+    is tried once more after the process forgets every key it knew. A read of
+    a stream whose key it does not know looks the key up first (no key: the
+    stream has no rows), and the names of a stream's topics come from the keys
+    it knows (faster than a join with the topics table); a read between a
+    failover and this process's next insert can use a stale key, which the hash
+    chain refuses (``WorldIntegrityError``), never folds.
 
     A schema that already holds eventsourcing's table keeps it
     (:class:`LittlePostgresApplicationRecorder`; :class:`LittlePostgresFactory`
@@ -850,17 +874,36 @@ class CompactPostgresApplicationRecorder(LittlePostgresApplicationRecorder):
             return [(version, topics[topic], state) for version, topic, state in rows]
 
     def _row_columns(self) -> tuple[SQL, tuple[str, str, str, str]]:
-        return SQL("stream, version, topic, state"), ("int4", "int4", "int4", "bytea")
+        # The rows are sent by name and their keys read in the statement, not taken from
+        # what this process knows: after a failover to a replica that had not received
+        # the commit of a key, the same integer can be given to another name, and rows
+        # sent with it would be filed under that name. A name with no key reads as NULL,
+        # which the column refuses, failing the whole statement (see insert_events).
+        return SQL("stream, version, topic, state"), (
+            self.datastore.originator_id_type,
+            "int4",
+            "text",
+            "bytea",
+        )
 
     def _row_values(
         self, conn: psycopg.Connection[Any], stored_events: Sequence[StoredEvent]
     ) -> list[tuple[Any, int, Any, bytes]]:
-        streams = self._stream_keys.of(conn, [e.originator_id for e in stored_events])
-        topics = self._topic_keys.of(conn, [e.topic for e in stored_events])
+        streams = self._stream_keys.give(conn, [e.originator_id for e in stored_events])
+        self._topic_keys.give(conn, [e.topic for e in stored_events])
         return [
-            (stream, e.originator_version, topic, e.state)
-            for stream, topic, e in zip(streams, topics, stored_events, strict=True)
+            (stream, e.originator_version, e.topic, e.state)
+            for stream, e in zip(streams, stored_events, strict=True)
         ]
+
+    def _row_selected(self) -> SQL | Composed:
+        return SQL(
+            "(SELECT id FROM {streams} WHERE stream_id = r.i), r.v,"
+            " (SELECT id FROM {topics} WHERE topic = r.t), r.s"
+        ).format(streams=self._streams, topics=self._topics)
+
+    def _stream_param_type(self) -> str:
+        return "int4"
 
     def _later_rows(self, stream_id: SQL | Composed, version: SQL) -> Composed:
         return SQL(
@@ -874,7 +917,19 @@ class CompactPostgresApplicationRecorder(LittlePostgresApplicationRecorder):
         in database-function mode too."""
         if not stored_events:
             return []
-        ids: Sequence[int] = self._insert_in_one_statement(stored_events, **kwargs)
+        ids: Sequence[int]
+        try:
+            ids = self._insert_in_one_statement(stored_events, **kwargs)
+            return ids
+        except IntegrityError as error:
+            if not isinstance(error.__cause__, psycopg.errors.NotNullViolation):
+                raise  # a version conflict
+        # A key this process knew is not in the table (the server lost its commit: a
+        # failover), and nothing was written. What it knew is forgotten, then read or
+        # given again.
+        self._stream_keys.forget()
+        self._topic_keys.forget()
+        ids = self._insert_in_one_statement(stored_events, **kwargs)
         return ids
 
     @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
@@ -967,7 +1022,8 @@ class CompactPostgresApplicationRecorder(LittlePostgresApplicationRecorder):
 class _Keys:
     """The integers that stand for the names (stream ids or topics) of one key table.
 
-    Kept once committed: a key is never changed or given again.
+    Kept once committed: a key is never changed or given again, unless the server
+    loses the commit that gave it (see :meth:`forget`).
     """
 
     def __init__(self, table: Composed, column: str, type_name: str) -> None:
@@ -1013,9 +1069,9 @@ class _Keys:
             return UUID(str(value))
         return value
 
-    def of(self, conn: psycopg.Connection[Any], values: Sequence[Any]) -> list[int]:
-        """The key of each value (by :meth:`name`), in order; new ones given and committed
-        first."""
+    def give(self, conn: psycopg.Connection[Any], values: Sequence[Any]) -> list[Any]:
+        """Each value by :meth:`name`, in order, once every one of them has a key: new ones
+        given and committed first."""
         keys = self._keys
         named = [self.name(value) for value in values]
         missing = [n for n in dict.fromkeys(named) if n not in keys]
@@ -1023,7 +1079,7 @@ class _Keys:
         # began is neither found nor given: the next round finds it.
         for _ in range(_KEY_ROUNDS):
             if not missing:
-                return [keys[n] for n in named]
+                return named
             with conn.cursor(row_factory=tuple_row) as curs:
                 curs.execute(self._statement, (missing, missing), prepare=True)
                 self._learn(curs.fetchall())
@@ -1056,6 +1112,11 @@ class _Keys:
                 self._learn(curs.fetchall())
         # A row's key was committed before the row: every key read from a row is there.
         return names
+
+    def forget(self) -> None:
+        """Drop every key known here: the next use reads them from the table again."""
+        self._keys.clear()
+        self._names.clear()
 
     def _learn(self, pairs: Iterable[tuple[int, Any]]) -> None:
         for key, name in pairs:
