@@ -176,21 +176,34 @@ def test_sqlite_connection_returns_to_the_worlds_policy(tmp_path: Path) -> None:
 
 class _CommitFails:
     """A connection whose next COMMIT fails and leaves its transaction open, as a failed
-    COMMIT can (SQLITE_BUSY, SQLITE_FULL); everything else goes to the real one."""
+    COMMIT can (SQLITE_BUSY, SQLITE_FULL), and whose ROLLBACKs fail too if ``stuck``;
+    everything else goes to the real one."""
 
-    def __init__(self, real: sqlite3.Connection) -> None:
+    def __init__(self, real: sqlite3.Connection, *, stuck: bool) -> None:
         self.real = real
+        self.stuck = stuck
+        self.failed = False
 
     def commit(self) -> None:
+        if self.failed:
+            self.real.commit()
+            return
+        self.failed = True
         raise sqlite3.OperationalError("disk I/O error")
+
+    def rollback(self) -> None:
+        if self.stuck:
+            raise sqlite3.OperationalError("disk I/O error on rollback")
+        self.real.rollback()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.real, name)
 
 
+@pytest.mark.parametrize("stuck", [False, True], ids=["rolled-back", "stuck"])
 @pytest.mark.parametrize("failing", ["write-ahead", "result"])
 def test_sqlite_connection_left_in_a_transaction_is_not_reused(
-    tmp_path: Path, failing: str
+    tmp_path: Path, failing: str, stuck: bool
 ) -> None:
     # A write-ahead commit runs at synchronous=NORMAL and sets the world's level again
     # after it, which SQLite refuses inside a transaction: a connection its failed COMMIT
@@ -203,7 +216,8 @@ def test_sqlite_connection_left_in_a_transaction_is_not_reused(
             _step(run, world, 1, complete=False)
         datastore = world.app.recorder.datastore  # type: ignore[attr-defined]
         writer = datastore.pool.get_connection(is_writer=True)
-        writer._sqlite_conn = _CommitFails(writer._sqlite_conn)
+        real = writer._sqlite_conn
+        writer._sqlite_conn = _CommitFails(real, stuck=stuck)
         datastore.pool.put_connection(writer)
         with pytest.raises(Exception, match="disk I/O error"):
             if failing == "result":
@@ -211,11 +225,12 @@ def test_sqlite_connection_left_in_a_transaction_is_not_reused(
                 world.save(run)
             else:
                 _step(run, world, 1, complete=False)
-        assert writer.closed
-        # A fresh connection, at the world's level, takes the next commits.
-        with datastore.transaction(commit=False) as cursor:
-            cursor.execute("PRAGMA synchronous")
-            assert cursor.fetchone()[0] == 2  # FULL
+        if stuck:
+            # Closed: a fresh connection, at the world's level, takes the next commits.
+            assert writer.closed
+        else:
+            assert not writer.closed and not real.in_transaction
+            assert real.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
         _step(world.load_run("run_failed_commit"), world, 2, complete=True)
         names = [e.wire_name for e in world.read_stream(run.id)][1:]
         started = ["StepStarted"] if failing == "result" else []

@@ -600,23 +600,25 @@ class LittleSQLiteApplicationRecorder(SQLiteApplicationRecorder):
 
 
 def _settle(conn: SQLiteConnection, synchronous: str | None) -> None:
-    """Leave ``conn`` fit for the pool after an insert: back at the world's ``synchronous``
-    level (None: never changed), or closed, so that the pool opens a fresh one.
+    """Leave ``conn`` fit for the pool after an insert: out of its transaction, back at the
+    world's ``synchronous`` level (None: never changed); or closed, so that the pool opens
+    a fresh one.
 
     A failed COMMIT or ROLLBACK can leave the transaction open (SQLITE_BUSY, SQLITE_FULL),
-    and SQLite refuses to change the level inside one: reused, such a connection would
+    and SQLite refuses to change the level inside one: reused so, the connection would
     refuse its next BEGIN, or commit a result at NORMAL, without the fsync the world
     promises. The insert's own error, if any, is what the caller sees.
     """
     raw = conn._sqlite_conn
-    if not raw.in_transaction:
-        if synchronous is None:
-            return
-        try:
+    try:
+        if raw.in_transaction:
+            raw.rollback()
+        if synchronous is not None:
             raw.execute(f"PRAGMA synchronous={synchronous}")
+        if not raw.in_transaction:
             return
-        except sqlite3.Error:
-            pass
+    except sqlite3.Error:
+        pass
     conn.close()
 
 
