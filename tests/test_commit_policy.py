@@ -23,6 +23,7 @@ import psycopg
 import pytest
 
 from little_es.domain import Run
+from little_es.errors import WorldStorageError
 from little_es.events import (
     RunStarted,
     StepCompleted,
@@ -219,7 +220,7 @@ def test_sqlite_connection_left_in_a_transaction_is_not_reused(
         real = writer._sqlite_conn
         writer._sqlite_conn = _CommitFails(real, stuck=stuck)
         datastore.pool.put_connection(writer)
-        with pytest.raises(Exception, match="disk I/O error"):
+        with pytest.raises(WorldStorageError, match=r"failed a commit.*: disk I/O error\."):
             if failing == "result":
                 run.trigger(StepCompleted, step_path="s1", step_id="s1", visit=1, attempt=1)
                 world.save(run)

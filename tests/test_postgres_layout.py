@@ -4,8 +4,9 @@ A new world's rows hold integer keys for their stream and topic; keys given by
 another writer are read back by name; two writers giving the same new key at
 once both get the one key; the log's readers go through the bucket index, not a
 scan of the table; a version the layout cannot hold is refused with nothing
-written. The recorder's other promises are eventsourcing's cases and the world
-cases (``tests/test_backends.py``), run on both layouts.
+written; rows are filed under their own names even where the server lost a key
+the process knows (a failover). The recorder's other promises are eventsourcing's
+cases and the world cases (``tests/test_backends.py``), run on both layouts.
 """
 
 from __future__ import annotations
