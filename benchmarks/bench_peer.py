@@ -50,10 +50,11 @@ the world's; a table of the scratch database, on a ``psycopg`` connection with
    ``COMMIT``, the rest of ``World.save`` (encoding, the hash chain, the
    statements) and the engine outside ``World.save``, timed by wrapping those two
    methods for the run. And what a sync step's worker-thread hop costs with no
-   step around it: ``asyncio.to_thread`` of a function that does nothing, awaited
-   from a running loop, beside the least any hop costs: one thread of this
-   benchmark's own waiting on a queue and answering with ``call_soon_threadsafe``
-   (two wake-ups of a sleeping thread).
+   step around it: little_es's worker threads (``little_es._threads``) and
+   ``asyncio.to_thread``, each calling a function that does nothing, awaited from
+   a running loop, beside the least any hop costs: one thread of this benchmark's
+   own waiting on a queue and answering with ``call_soon_threadsafe`` (two
+   wake-ups of a sleeping thread).
 
     .venv/bin/python -m benchmarks.bench_peer [--sizes 100,1000] [--reps 5] \
         [--backends sqlite,postgres] [--quick] [--only agent] [--profile] [--split] [--json]
@@ -106,6 +107,7 @@ from little_es import (
     run_workflow,
     task,
 )
+from little_es._threads import run_in_worker
 from little_es.backends.sqlite import _WalPreallocation
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
@@ -909,37 +911,45 @@ class _BareHop:
 
 
 def thread_hop(reps: int, figures: Figures, calls: int = 2000) -> None:
-    """What a sync step's hop to a worker thread costs with no step around it, beside
-    the bare hop of :class:`_BareHop`; medians of reps of ``calls``, interleaved."""
+    """What a sync step's hop to a worker thread costs with no step around it
+    (``little_es._threads.run_in_worker``), and ``asyncio.to_thread``'s, beside the bare
+    hop of :class:`_BareHop`; medians of reps of ``calls``, the three interleaved."""
 
-    async def timed() -> tuple[list[float], list[float]]:
+    async def timed() -> tuple[list[float], list[float], list[float]]:
         bare = _BareHop(asyncio.get_running_loop())
         hops: list[float] = []
+        stdlib: list[float] = []
         floors: list[float] = []
         try:
             for _ in range(reps):
                 gc.collect()
                 t0 = time.perf_counter()
                 for _ in range(calls):
-                    await asyncio.to_thread(_nothing)
+                    await run_in_worker(_nothing)
                 hops.append((time.perf_counter() - t0) / calls)
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    await asyncio.to_thread(_nothing)
+                stdlib.append((time.perf_counter() - t0) / calls)
                 t0 = time.perf_counter()
                 for _ in range(calls):
                     await bare.call()
                 floors.append((time.perf_counter() - t0) / calls)
         finally:
             bare.close()
-        return hops, floors
+        return hops, stdlib, floors
 
-    hops, floors = asyncio.run(timed())
-    figures.add(
-        f"a sync step's thread hop alone: asyncio.to_thread of a function that does nothing,"
-        f" per call, median of {reps}",
-        statistics.median(hops) * 1e6,
-        "µs",
-        baseline=statistics.median(floors) * 1e6,
-        baseline_what="a thread waiting on a queue, answering with call_soon_threadsafe",
-    )
+    hops, stdlib, floors = asyncio.run(timed())
+    floor = statistics.median(floors) * 1e6
+    for what, times in (("little_es's worker threads", hops), ("asyncio.to_thread", stdlib)):
+        figures.add(
+            f"a sync step's thread hop alone: {what}, a function that does nothing,"
+            f" per call, median of {reps}",
+            statistics.median(times) * 1e6,
+            "µs",
+            baseline=floor,
+            baseline_what="a thread waiting on a queue, answering with call_soon_threadsafe",
+        )
 
 
 def empty_world_bytes(kind: Kind) -> int:

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "little_es"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("values", "_frozen", "_compact"),
+    ("values", "_frozen", "_compact", "_threads"),
     ("errors",),
     ("ids", "logging", "workflow", "workflow.paths"),
     ("events", "_strict", "faults", "aggregates", "waits", "workflow.ir", "workflow.context"),

@@ -72,6 +72,7 @@ from typing import Any, NamedTuple, TypeAlias, TypeVar
 from uuid import UUID
 
 from little_es._frozen import freeze
+from little_es._threads import run_in_worker
 from little_es.aggregates import DomainStream, StepAggregates
 from little_es.backends.base import StreamWatch, check_leases
 from little_es.durability import (
@@ -232,19 +233,10 @@ async def call_maybe_async(fn: Callable[..., Any], *args: Any, in_thread: bool =
     async, and await what it returns."""
     if inspect.iscoroutinefunction(fn):
         return await fn(*args)
-    result = await asyncio.to_thread(_call_handed, fn, [args]) if in_thread else fn(*args)
+    result = await run_in_worker(fn, *args) if in_thread else fn(*args)
     if inspect.isawaitable(result):
         return await result
     return result
-
-
-def _call_handed(fn: Callable[..., Any], handed: list[tuple[Any, ...]]) -> Any:
-    # The worker thread's work item keeps what it was given until that thread runs
-    # again, which can be after the awaiting coroutine resumed: taken out of the list,
-    # the arguments (a step's context) are freed as the call returns, so the local
-    # engine sees that nothing holds the outputs it showed and extends them in place.
-    args = handed.pop()
-    return fn(*args)
 
 
 def next_attempt(recorded: StepFold | None, max_attempts: int) -> tuple[int, bool, int]:
@@ -517,7 +509,8 @@ class StepGuard:
     def __init__(self, executor: StepExecutor, begun: Begun, parent: CallGuard | None) -> None:
         self.executor = executor
         # Not the attempt itself: its context would stay alive with this guard in the
-        # copy of the contextvars a worker thread ran the step in (see _call_handed).
+        # copy of the contextvars a step's worker thread ran it in, for as long as that
+        # copy lives.
         self.step = begun.step
         self.step_path = begun.step_path
         self.parent = parent

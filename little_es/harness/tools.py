@@ -9,7 +9,6 @@ model validates what the model sends back. A parameter annotated
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import inspect
 import re
@@ -20,6 +19,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from little_es._strict import check_json_value, refuse_problem
+from little_es._threads import run_in_worker
 from little_es.errors import LittleEsError, ToolArgumentsError, ToolError
 from little_es.values import JSONValue, ToolSpec
 from little_es.waits import (
@@ -257,7 +257,7 @@ class Tool:
         if self._is_async:
             result = await self._fn(*args, **kwargs)
         else:
-            result = await asyncio.to_thread(self._fn, *args, **kwargs)
+            result = await run_in_worker(self._fn, *args, **kwargs)
             if inspect.isawaitable(result):
                 result = await result
         return _to_json(self._name, result)

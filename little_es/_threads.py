@@ -1,0 +1,145 @@
+"""The worker threads that run sync step functions and sync tools off the event loop.
+
+Like ``asyncio.to_thread``: the call runs in a copy of the caller's context (so a
+held lease is still checked inside it) and hands back its result or exception.
+Unlike it, a worker does its bookkeeping before it wakes the loop and waits for
+the next call right after, so the woken loop does not find the GIL still held
+(``asyncio.to_thread``'s worker frees its work item and releases a pure-Python
+semaphore after it): a sync step costs a few percent less (the README's
+measurements). And a worker keeps nothing of a call once it returned, which the
+local engine's in-place outputs need (``engine/local.py``'s ``set_output``).
+
+At most ``min(32, cpus + 4)`` calls run at once (asyncio's default executor's
+limit); more wait their turn. A worker idle for :data:`_IDLE_SECONDS` ends.
+Workers are daemon threads: a process that exits while a call runs does not
+wait for it, which for a step is a crash (the step is in flight and runs again
+on resume), not a hang at exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import os
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
+
+_IDLE_SECONDS = 30.0
+_MAX_WORKERS = min(32, (os.cpu_count() or 1) + 4)
+
+_Job = tuple[
+    asyncio.AbstractEventLoop,
+    "asyncio.Future[Any]",
+    contextvars.Context,
+    Callable[..., Any],
+    tuple[Any, ...],
+    dict[str, Any],
+]
+
+
+class _Pool:
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        # The queue holds one job for each worker promised one, and `backlog` more,
+        # which the next workers to finish take; `idle` workers wait promised none.
+        # A call promises an idle worker its job, or starts one while fewer than
+        # _MAX_WORKERS live, or joins the backlog. So no job waits in the queue
+        # without a worker on its way, and no worker ends with one still coming.
+        self.idle = 0
+        self.backlog = 0
+        self.workers = 0
+        self.started = 0
+
+
+_pool = _Pool()
+
+
+def _reset_after_fork() -> None:
+    # A forked child has none of its parent's threads: counted as idle, they would
+    # leave every call waiting for a worker that is not there.
+    global _pool
+    _pool = _Pool()
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def run_in_worker(fn: Callable[..., _T], /, *args: Any, **kwargs: Any) -> asyncio.Future[_T]:
+    """Call ``fn(*args, **kwargs)`` in a worker thread, in a copy of the caller's
+    context; await the returned future for its result (or its exception)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[_T] = loop.create_future()
+    pool = _pool
+    with pool.lock:
+        start = False
+        if pool.idle:
+            pool.idle -= 1
+        elif pool.workers < _MAX_WORKERS:
+            start = True
+            pool.workers += 1
+            pool.started += 1
+        else:
+            pool.backlog += 1
+    if start:
+        worker = threading.Thread(
+            target=_serve, args=(pool,), name=f"little_es-worker-{pool.started}", daemon=True
+        )
+        try:
+            worker.start()
+        except BaseException:
+            with pool.lock:
+                pool.workers -= 1
+            raise
+    pool.jobs.put((loop, future, contextvars.copy_context(), fn, args, kwargs))
+    return future
+
+
+def _serve(pool: _Pool) -> None:
+    while True:
+        try:
+            job: _Job | None = pool.jobs.get(timeout=_IDLE_SECONDS)
+        except queue.Empty:
+            with pool.lock:
+                # Idle and promised to no call: end. Else a call is on its way to us.
+                if pool.idle:
+                    pool.idle -= 1
+                    pool.workers -= 1
+                    return
+            continue
+        assert job is not None
+        loop, future, context, fn, args, kwargs = job
+        # Dropped before the loop is woken: the local engine extends the outputs it
+        # showed a step in place once nothing else holds them (engine/local.py's
+        # set_output), so nothing of the call (the step's context) may outlive it here.
+        job = None
+        result: Any = None
+        error: BaseException | None = None
+        try:
+            result = context.run(fn, *args, **kwargs)
+        except BaseException as exc:  # handed to the caller, as a thread pool does
+            error = exc
+        del fn, args, kwargs, context
+        with pool.lock:
+            if pool.backlog:
+                pool.backlog -= 1
+            else:
+                pool.idle += 1
+        # A loop that closed while the call ran has nobody waiting for it.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_settle, future, result, error)
+        del loop, future, result, error
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)

@@ -1,0 +1,233 @@
+"""The worker threads of sync step functions and sync tools (``little_es._threads``).
+
+What ``asyncio.to_thread`` promised, which they replace: the call runs off the
+loop, in a copy of the caller's context, and hands back its result or its
+exception. And what they add: at most ``_MAX_WORKERS`` calls at once with every
+further call served in turn, idle workers that end without losing a call, a
+forked child that starts its own, and nothing of a call kept once it returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import weakref
+from typing import Any
+
+import pytest
+
+import little_es._threads as threads
+from little_es._threads import run_in_worker
+
+_VAR: contextvars.ContextVar[str] = contextvars.ContextVar("test_threads_var", default="unset")
+
+
+async def _call(fn: Any, *args: Any) -> Any:
+    return await asyncio.wait_for(run_in_worker(fn, *args), 10)
+
+
+def _workers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("little_es-worker-")]
+
+
+def test_a_call_runs_off_the_loop_in_a_copy_of_the_callers_context() -> None:
+    def where() -> tuple[int, str]:
+        seen = _VAR.get()
+        _VAR.set("changed in the worker")
+        return threading.get_ident(), seen
+
+    async def main() -> tuple[int, str, str]:
+        _VAR.set("the caller's")
+        ident, seen = await run_in_worker(where)
+        return ident, seen, _VAR.get()
+
+    ident, seen, after = asyncio.run(main())
+    assert ident != threading.get_ident()
+    assert seen == "the caller's"
+    assert after == "the caller's"
+
+
+def test_arguments_and_keywords_reach_the_function_and_its_exception_the_caller() -> None:
+    def add(a: int, b: int, *, scale: int) -> int:
+        return (a + b) * scale
+
+    def fail(message: str) -> None:
+        raise LookupError(message)
+
+    async def main() -> int:
+        with pytest.raises(LookupError, match="not here") as caught:
+            await run_in_worker(fail, "not here")
+        assert caught.traceback[-1].name == "fail"
+        return await run_in_worker(add, 1, 2, scale=10)
+
+    assert asyncio.run(main()) == 30
+
+
+def test_the_loop_goes_on_while_a_call_blocks() -> None:
+    release = threading.Event()
+    ticks: list[int] = []
+
+    async def tick() -> None:
+        for i in range(5):
+            ticks.append(i)
+            await asyncio.sleep(0.01)
+        release.set()
+
+    async def main() -> bool:
+        blocked = run_in_worker(release.wait, 10.0)
+        await tick()
+        return await blocked
+
+    assert asyncio.run(main()) is True
+    assert ticks == [0, 1, 2, 3, 4]
+
+
+def test_at_most_max_workers_calls_run_at_once_and_every_further_one_is_served() -> None:
+    lock = threading.Lock()
+    running = 0
+    most = 0
+
+    def busy(i: int) -> int:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.05)
+        with lock:
+            running -= 1
+        return i
+
+    calls = threads._MAX_WORKERS * 2 + 3
+
+    async def main() -> list[int]:
+        return list(await asyncio.gather(*(run_in_worker(busy, i) for i in range(calls))))
+
+    assert asyncio.run(asyncio.wait_for(main(), 30)) == list(range(calls))
+    assert most == threads._MAX_WORKERS
+    assert len(_workers()) <= threads._MAX_WORKERS
+    # Every worker is idle again, promised nothing: the next calls start no new one.
+    pool = threads._pool
+    assert (pool.backlog, pool.idle) == (0, pool.workers)
+
+
+def test_idle_workers_end_and_a_later_call_starts_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(threads, "_IDLE_SECONDS", 0.05)
+    monkeypatch.setattr(threads, "_pool", threads._Pool())
+
+    async def some(n: int) -> list[int]:
+        return list(await asyncio.gather(*(run_in_worker(time.sleep, 0.02) for _ in range(n))))
+
+    asyncio.run(some(3))
+    deadline = time.monotonic() + 10
+    while threads._pool.workers and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert threads._pool.workers == 0
+    assert threads._pool.idle == 0
+    assert asyncio.run(_call(sum, [1, 2])) == 3
+
+
+def test_a_cancelled_caller_leaves_the_call_to_finish_and_the_worker_to_serve_on() -> None:
+    release = threading.Event()
+    finished = threading.Event()
+
+    def slow() -> str:
+        release.wait(10)
+        finished.set()
+        return "late"
+
+    async def main(loop_errors: list[dict[str, Any]]) -> str:
+        asyncio.get_running_loop().set_exception_handler(lambda _, c: loop_errors.append(c))
+        waiting = asyncio.ensure_future(run_in_worker(slow))
+        await asyncio.sleep(0.01)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        release.set()
+        while not finished.is_set():
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # the result arrives at a cancelled future: dropped
+        return await run_in_worker(str.upper, "next")
+
+    errors: list[dict[str, Any]] = []
+    assert asyncio.run(main(errors)) == "NEXT"
+    assert errors == []
+
+
+def test_a_call_whose_loop_closed_leaves_the_worker_serving_the_next_loop() -> None:
+    release = threading.Event()
+
+    async def abandon() -> None:
+        run_in_worker(release.wait, 10.0)
+        await asyncio.sleep(0)
+
+    asyncio.run(abandon())  # the loop closes while the call still runs
+    release.set()
+    time.sleep(0.05)
+    assert asyncio.run(_call(len, "four")) == 4
+
+
+def test_nothing_of_a_call_outlives_it_in_the_worker() -> None:
+    class Held:
+        pass
+
+    def use(held: Held, *, also: Held) -> int:
+        return 1
+
+    async def main() -> tuple[weakref.ref[Held], weakref.ref[Held]]:
+        first, second = Held(), Held()
+        refs = weakref.ref(first), weakref.ref(second)
+        future = run_in_worker(use, first, also=second)
+        del first, second
+        await future
+        return refs
+
+    gc.disable()  # freed by reference counts alone, the moment the worker lets go
+    try:
+        refs = asyncio.run(main())
+        assert [r() for r in refs] == [None, None]
+    finally:
+        gc.enable()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX-only")
+def test_a_forked_child_starts_its_own_workers() -> None:
+    asyncio.run(_call(int, "1"))  # the parent has a worker, idle
+    assert threads._pool.idle >= 1
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports by its exit code
+        code = 1
+        try:
+            value = asyncio.run(_call(int, "7"))
+            code = 0 if value == 7 else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_process_exits_without_waiting_for_a_call_still_running() -> None:
+    # asyncio.to_thread's executor is waited for when asyncio.run ends: this would
+    # take the minute the call sleeps.
+    script = textwrap.dedent(
+        """
+        import asyncio, time
+        from little_es._threads import run_in_worker
+
+        async def main():
+            run_in_worker(time.sleep, 60)
+            await asyncio.sleep(0.05)
+
+        asyncio.run(main())
+        """
+    )
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script], timeout=50, capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()
+    assert time.monotonic() - started < 30
