@@ -49,7 +49,12 @@ the world's; a table of the scratch database, on a ``psycopg`` connection with
    commit waits for the disk) and in ``memory_world`` (no database): the
    ``COMMIT``, the rest of ``World.save`` (encoding, the hash chain, the
    statements) and the engine outside ``World.save``, timed by wrapping those two
-   methods for the run. And what a sync step's worker-thread hop costs with no
+   methods for the run. Then the same engine code with and without a wait for the
+   disk before it: ``memory_world`` runs of task steps whose function does a 12 KiB
+   ``pwrite`` + ``fdatasync`` of a file of its own, or nothing, the engine's time
+   per step being the run's minus that I/O (after a wait, the same Python takes
+   longer on this kind of machine, which is part of why a step costs more than its
+   commit and its Python apart). And what a sync step's worker-thread hop costs with no
    step around it: little_es's worker threads (``little_es._threads``) and
    ``asyncio.to_thread``, each calling a function that does nothing, awaited from
    a running loop, beside the least any hop costs: one thread of this benchmark's
@@ -882,6 +887,58 @@ def split_step_time(kind: Kind, reps: int, figures: Figures) -> None:
             figures.add(f"{name}: of that, the engine outside World.save", total - save, "µs")
 
 
+class _WaitsForTheDisk:
+    """A task step's function that first writes 12 KiB (about a commit's WAL frames) into
+    a file of its own and waits for ``fdatasync``, timing that; or does no I/O."""
+
+    def __init__(self, fd: int | None) -> None:
+        self._fd = fd
+        self.io = 0.0
+
+    def __call__(self, ctx: StepContext) -> dict[str, Any]:
+        if self._fd is not None:
+            t0 = time.perf_counter()
+            os.pwrite(self._fd, bytes(12288), 0)
+            os.fdatasync(self._fd)
+            self.io += time.perf_counter() - t0
+        return _output(_index(ctx))
+
+
+def engine_after_io(kind: Kind, reps: int, figures: Figures, n: int = 500) -> None:
+    """The same engine code, with and without a wait for the disk before it: a run of
+    ``n`` task steps in ``memory_world`` (no database), each step's function waiting for
+    an ``fdatasync`` of its own file or not; the engine's time per step is the run's time
+    minus that I/O. Medians of reps, the two interleaved. What it shows: the time a
+    step's Python takes after its thread waited for the disk, as every commit's does."""
+    engine: dict[bool, list[float]] = {False: [], True: []}
+    with kind.place() as place:
+        assert place.path is not None
+        fd = os.open(place.path / "io", os.O_RDWR | os.O_CREAT)
+        try:
+            os.pwrite(fd, bytes(1 << 20), 0)
+            os.fsync(fd)
+            for _ in range(reps):
+                for waits in (False, True):
+                    fn = _WaitsForTheDisk(fd if waits else None)
+                    wf = Workflow(
+                        f"bench-peer-io-{waits}",
+                        steps=[task(f"s{i}", fn, run_in_thread=False) for i in range(n)],
+                    )
+                    with memory_world() as world:
+                        total = _timed_run(world, wf)
+                    engine[waits].append((total - fn.io) / n * 1e6)
+        finally:
+            os.close(fd)
+    figures.add(
+        f"memory: the engine's time per task step of {n} after a wait for the disk (each"
+        f" step's code: a 12 KiB pwrite + fdatasync, its time taken out), median of {reps}",
+        statistics.median(engine[True]),
+        "µs",
+        baseline=statistics.median(engine[False]),
+        baseline_what="the same steps with no I/O",
+    )
+
+
 def _nothing() -> int:
     return 0
 
@@ -980,6 +1037,7 @@ def measure(kind: Kind, args: argparse.Namespace, figures: Figures) -> None:
         profile_agent_step(kind)
     if args.split and kind.name == "sqlite":
         split_step_time(kind, args.reps, figures)
+        engine_after_io(kind, args.reps, figures)
         thread_hop(args.reps, figures)
     print(f"{kind.name}: measured in {time.perf_counter() - t0:.0f} s", flush=True)
 
