@@ -9,8 +9,9 @@ semaphore after it): a sync step costs a few percent less (the README's
 measurements). And a worker keeps nothing of a call once it returned, which the
 local engine's in-place outputs need (``engine/local.py``'s ``set_output``).
 
-At most ``min(32, cpus + 4)`` calls run at once (asyncio's default executor's
-limit); more wait their turn. A worker idle for :data:`_IDLE_SECONDS` ends.
+At most ``min(32, cpus + 4)`` calls of one event loop run at once (asyncio's
+default executor's limit, which is per loop too); more wait their turn. A worker
+idle for :data:`_IDLE_SECONDS` ends.
 Workers are daemon threads: a process that exits while a call runs does not
 wait for it, which for a step is a crash (the step is in flight and runs again
 on resume), not a hang at exit.
@@ -24,6 +25,7 @@ import contextvars
 import os
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -57,14 +59,32 @@ class _Pool:
         self.started = 0
 
 
-_pool = _Pool()
+# One pool per event loop, as asyncio's default executor is: a sync step that runs a
+# workflow of its own in a new loop (asyncio.run in its worker thread) gets workers of
+# that loop's, and cannot wait forever for one its own loop's steps all hold.
+_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Pool] = weakref.WeakKeyDictionary()
+_shared = _Pool()  # for a loop that cannot be weakly referenced
+_pools_lock = threading.Lock()
+
+
+def _pool_of(loop: asyncio.AbstractEventLoop) -> _Pool:
+    try:
+        pool = _pools.get(loop)
+    except TypeError:
+        return _shared
+    if pool is None:
+        with _pools_lock:
+            pool = _pools.setdefault(loop, _Pool())
+    return pool
 
 
 def _reset_after_fork() -> None:
     # A forked child has none of its parent's threads: counted as idle, they would
     # leave every call waiting for a worker that is not there.
-    global _pool
-    _pool = _Pool()
+    global _pools, _shared, _pools_lock
+    _pools = weakref.WeakKeyDictionary()
+    _shared = _Pool()
+    _pools_lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
@@ -75,7 +95,7 @@ def run_in_worker(fn: Callable[..., _T], /, *args: Any, **kwargs: Any) -> asynci
     context; await the returned future for its result (or its exception)."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[_T] = loop.create_future()
-    pool = _pool
+    pool = _pool_of(loop)
     with pool.lock:
         start = False
         if pool.idle:

@@ -33,10 +33,6 @@ async def _call(fn: Any, *args: Any) -> Any:
     return await asyncio.wait_for(run_in_worker(fn, *args), 10)
 
 
-def _workers() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("little_es-worker-")]
-
-
 def test_a_call_runs_off_the_loop_in_a_copy_of_the_callers_context() -> None:
     def where() -> tuple[int, str]:
         seen = _VAR.get()
@@ -106,31 +102,52 @@ def test_at_most_max_workers_calls_run_at_once_and_every_further_one_is_served()
 
     calls = threads._MAX_WORKERS * 2 + 3
 
-    async def main() -> list[int]:
-        return list(await asyncio.gather(*(run_in_worker(busy, i) for i in range(calls))))
+    async def main() -> tuple[list[int], threads._Pool]:
+        done = await asyncio.gather(*(run_in_worker(busy, i) for i in range(calls)))
+        return list(done), threads._pool_of(asyncio.get_running_loop())
 
-    assert asyncio.run(asyncio.wait_for(main(), 30)) == list(range(calls))
+    done, pool = asyncio.run(asyncio.wait_for(main(), 30))
+    assert done == list(range(calls))
     assert most == threads._MAX_WORKERS
-    assert len(_workers()) <= threads._MAX_WORKERS
     # Every worker is idle again, promised nothing: the next calls start no new one.
-    pool = threads._pool
-    assert (pool.backlog, pool.idle) == (0, pool.workers)
+    assert (pool.backlog, pool.idle, pool.workers) == (
+        0,
+        threads._MAX_WORKERS,
+        threads._MAX_WORKERS,
+    )
+
+
+def test_a_call_that_runs_a_loop_of_its_own_gets_that_loops_workers() -> None:
+    # Every worker of the outer loop is held by a call that waits for a call of its own
+    # loop: with one pool for all loops, those would wait forever.
+    everyone = threading.Barrier(threads._MAX_WORKERS, timeout=10)
+
+    def outer(i: int) -> int:
+        everyone.wait()
+        return int(asyncio.run(_call(int, str(i))))
+
+    async def main() -> list[int]:
+        calls = (run_in_worker(outer, i) for i in range(threads._MAX_WORKERS))
+        return list(await asyncio.wait_for(asyncio.gather(*calls), 20))
+
+    assert asyncio.run(main()) == list(range(threads._MAX_WORKERS))
 
 
 def test_idle_workers_end_and_a_later_call_starts_one(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(threads, "_IDLE_SECONDS", 0.05)
-    monkeypatch.setattr(threads, "_pool", threads._Pool())
 
-    async def some(n: int) -> list[int]:
-        return list(await asyncio.gather(*(run_in_worker(time.sleep, 0.02) for _ in range(n))))
+    async def main() -> int:
+        await asyncio.gather(*(run_in_worker(time.sleep, 0.02) for _ in range(3)))
+        pool = threads._pool_of(asyncio.get_running_loop())
+        assert pool.workers == 3
+        for _ in range(1000):
+            if not pool.workers:
+                break
+            await asyncio.sleep(0.01)
+        assert (pool.workers, pool.idle) == (0, 0)
+        return int(await _call(sum, [1, 2]))
 
-    asyncio.run(some(3))
-    deadline = time.monotonic() + 10
-    while threads._pool.workers and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert threads._pool.workers == 0
-    assert threads._pool.idle == 0
-    assert asyncio.run(_call(sum, [1, 2])) == 3
+    assert asyncio.run(main()) == 3
 
 
 def test_a_cancelled_caller_leaves_the_call_to_finish_and_the_worker_to_serve_on() -> None:
@@ -198,18 +215,23 @@ def test_nothing_of_a_call_outlives_it_in_the_worker() -> None:
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX-only")
 def test_a_forked_child_starts_its_own_workers() -> None:
-    asyncio.run(_call(int, "1"))  # the parent has a worker, idle
-    assert threads._pool.idle >= 1
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child reports by its exit code
-        code = 1
-        try:
-            value = asyncio.run(_call(int, "7"))
-            code = 0 if value == 7 else 2
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    # The child goes on with a loop it inherited, as a multiprocessing child may: its
+    # pool counted a worker idle that the child does not have.
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(_call(int, "1"))
+        assert threads._pool_of(loop).idle >= 1
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child reports by its exit code
+            code = 1
+            try:
+                code = 0 if loop.run_until_complete(_call(int, "7")) == 7 else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        loop.close()
 
 
 def test_a_process_exits_without_waiting_for_a_call_still_running() -> None:
