@@ -4,6 +4,7 @@ The public API is re-exported here; everything else is internal. See the README.
 """
 
 from little_es._strict import MAX_JSON_DEPTH
+from little_es._threads import max_worker_threads, set_max_worker_threads
 from little_es.aggregates import StepAggregates
 from little_es.backends.base import Lease, RunSummary, check_leases
 from little_es.domain import HarnessSession, LoopCycle, OuterLoop, PriceBook, Run
@@ -399,6 +400,7 @@ __all__ = [
     "local_world",
     "loop_view",
     "materialize_run_state",
+    "max_worker_threads",
     "memory_world",
     "mysql_world",
     "new_run_id",
@@ -417,6 +419,7 @@ __all__ = [
     "run_tree",
     "run_tree_totals",
     "run_workflow",
+    "set_max_worker_threads",
     "start_workflow_tool",
     "subworkflow",
     "task",

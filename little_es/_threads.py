@@ -10,8 +10,9 @@ measurements). And a worker keeps nothing of a call once it returned, which the
 local engine's in-place outputs need (``engine/local.py``'s ``set_output``).
 
 At most ``min(32, cpus + 4)`` calls of one event loop run at once (asyncio's
-default executor's limit, which is per loop too); more wait their turn. A worker
-idle for :data:`_IDLE_SECONDS` ends.
+default executor's limit, which is per loop too); more wait their turn.
+:func:`set_max_worker_threads` changes the limit, for every loop. A worker idle
+for :data:`_IDLE_SECONDS` ends.
 Workers are daemon threads: a process that exits while a call runs does not
 wait for it, which for a step is a crash (the step is in flight and runs again
 on resume), not a hang at exit.
@@ -32,7 +33,9 @@ from typing import Any, TypeVar
 _T = TypeVar("_T")
 
 _IDLE_SECONDS = 30.0
-_MAX_WORKERS = min(32, (os.cpu_count() or 1) + 4)
+DEFAULT_MAX_WORKER_THREADS = min(32, (os.cpu_count() or 1) + 4)
+"""asyncio's default executor's limit: ``min(32, CPUs + 4)``."""
+_max_workers = DEFAULT_MAX_WORKER_THREADS
 
 _Job = tuple[
     asyncio.AbstractEventLoop,
@@ -46,13 +49,18 @@ _Job = tuple[
 
 class _Pool:
     def __init__(self) -> None:
-        self.jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self.jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self.lock = threading.Lock()
         # The queue holds one job for each worker promised one, and `backlog` more,
         # which the next workers to finish take; `idle` workers wait promised none.
         # A call promises an idle worker its job, or starts one while fewer than
-        # _MAX_WORKERS live, or joins the backlog. So no job waits in the queue
+        # _max_workers live, or joins the backlog. So no job waits in the queue
         # without a worker on its way, and no worker ends with one still coming.
+        # Under a lowered limit, a worker beyond it ends once its call is done and
+        # leaves the backlog to the others (it ends only while more than the limit
+        # live, so some always remain), and a None in the queue is a job that ends
+        # an idle one: idle workers never outnumber the limit, nor wait beside a
+        # backlog.
         self.idle = 0
         self.backlog = 0
         self.workers = 0
@@ -100,24 +108,85 @@ def run_in_worker(fn: Callable[..., _T], /, *args: Any, **kwargs: Any) -> asynci
         start = False
         if pool.idle:
             pool.idle -= 1
-        elif pool.workers < _MAX_WORKERS:
+        elif pool.workers < _max_workers:
             start = True
             pool.workers += 1
-            pool.started += 1
         else:
             pool.backlog += 1
     if start:
-        worker = threading.Thread(
-            target=_serve, args=(pool,), name=f"little_es-worker-{pool.started}", daemon=True
-        )
         try:
-            worker.start()
+            _start(pool)
         except BaseException:
             with pool.lock:
                 pool.workers -= 1
             raise
     pool.jobs.put((loop, future, contextvars.copy_context(), fn, args, kwargs))
     return future
+
+
+def max_worker_threads() -> int:
+    """How many sync step functions and sync tools of one event loop run at once, at
+    most (see :func:`set_max_worker_threads`)."""
+    return _max_workers
+
+
+def set_max_worker_threads(limit: int) -> int:
+    """Let at most ``limit`` sync step functions and sync tools of one event loop run at
+    once (each in a worker thread of its own); return the limit before.
+
+    The default is asyncio's default executor's, ``min(32, CPUs + 4)``. Raise it for
+    sync steps and tools that mostly wait (a blocking HTTP client, a subprocess) in
+    wide parallel groups or agent turns: calls over the limit wait their turn, as
+    they would for ``asyncio.to_thread``. The limit is this process's and holds for
+    every event loop, the local engine's and a Temporal worker's alike. Raised, calls
+    already waiting start at once; lowered, no call starts while ``limit`` or more
+    run, and the workers beyond it end as they finish.
+    """
+    global _max_workers
+    if not isinstance(limit, int) or isinstance(limit, bool):
+        raise TypeError(
+            f"the worker thread limit must be an int, got {type(limit).__name__} {limit!r}"
+        )
+    if limit < 1:
+        raise ValueError(
+            f"the worker thread limit must be 1 or more, got {limit}: a sync step function"
+            " runs in a worker thread (give its step run_in_thread=False to run it on the"
+            " event loop instead)"
+        )
+    with _pools_lock:
+        previous, _max_workers = _max_workers, limit
+        pools = [*_pools.values(), _shared]
+    for pool in pools:
+        _fit(pool)
+    return previous
+
+
+def _fit(pool: _Pool) -> None:
+    """End the idle workers beyond the limit, or start workers for calls waiting within it."""
+    with pool.lock:
+        ending = min(pool.idle, max(0, pool.workers - _max_workers))
+        pool.idle -= ending
+        pool.workers -= ending
+        starting = min(pool.backlog, max(0, _max_workers - pool.workers))
+        pool.backlog -= starting
+        pool.workers += starting
+    for _ in range(ending):
+        pool.jobs.put(None)
+    for started in range(starting):
+        try:
+            _start(pool)
+        except BaseException:
+            with pool.lock:  # the calls not served by a new worker wait their turn again
+                pool.backlog += starting - started
+                pool.workers -= starting - started
+            raise
+
+
+def _start(pool: _Pool) -> None:
+    with pool.lock:
+        pool.started += 1
+        name = f"little_es-worker-{pool.started}"
+    threading.Thread(target=_serve, args=(pool,), name=name, daemon=True).start()
 
 
 def _serve(pool: _Pool) -> None:
@@ -132,7 +201,8 @@ def _serve(pool: _Pool) -> None:
                     pool.workers -= 1
                     return
             continue
-        assert job is not None
+        if job is None:  # set_max_worker_threads lowered the limit below the idle workers
+            return
         loop, future, context, fn, args, kwargs = job
         # Dropped before the loop is woken: the local engine extends the outputs it
         # showed a step in place once nothing else holds them (engine/local.py's
@@ -146,14 +216,20 @@ def _serve(pool: _Pool) -> None:
             error = exc
         del fn, args, kwargs, context
         with pool.lock:
-            if pool.backlog:
+            serving = True
+            if pool.backlog and pool.workers <= _max_workers:
                 pool.backlog -= 1
+            elif pool.workers > _max_workers:
+                pool.workers -= 1  # beyond a lowered limit
+                serving = False
             else:
                 pool.idle += 1
         # A loop that closed while the call ran has nobody waiting for it.
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(_settle, future, result, error)
         del loop, future, result, error
+        if not serving:
+            return
 
 
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:

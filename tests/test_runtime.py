@@ -23,6 +23,8 @@ import orjson
 import pytest
 from conftest import WorldSpec
 
+from little_es import set_max_worker_threads
+from little_es._threads import DEFAULT_MAX_WORKER_THREADS
 from little_es.backends.memory import MemoryArtifactStore
 from little_es.domain import Run
 from little_es.durability import OUTPUT_INLINE_LIMIT
@@ -442,6 +444,37 @@ async def test_sync_branches_run_concurrently_within_the_limit(world: World) -> 
     # Two blocking functions ran at once (they do not block the event loop), never three.
     assert peak == 2
     assert elapsed >= 0.3  # four 0.15 s branches, two at a time
+
+
+@pytest.mark.backends("memory")
+async def test_set_max_worker_threads_lets_that_many_sync_branches_run_at_once(
+    world: World,
+) -> None:
+    # Every branch waits for all the others: over the default limit, the first ones would
+    # hold every worker thread while the rest waited for one, and the barrier would break.
+    width = DEFAULT_MAX_WORKER_THREADS + 2
+    together = threading.Barrier(width, timeout=10)
+
+    def meet(ctx: StepContext) -> Any:
+        together.wait()
+        return ctx.branch_value
+
+    wf = Workflow(
+        "par-wide",
+        steps=[
+            parallel(
+                "fan",
+                branches=lambda ctx: {str(i): i for i in range(width)},
+                step=task("meet", meet),
+            )
+        ],
+    )
+    previous = set_max_worker_threads(width)
+    try:
+        result = await run_workflow(world, wf, {}, run_id="run_par_wide")
+    finally:
+        set_max_worker_threads(previous)
+    assert result.output == {str(i): i for i in range(width)}
 
 
 # ------------------------------------------------------------- step functions

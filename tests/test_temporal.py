@@ -17,6 +17,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -46,6 +47,8 @@ from temporalio.service import RPCError
 
 import tests._outer_loop_proc as loops
 import tests._temporal_support as _support
+from little_es import set_max_worker_threads
+from little_es._threads import DEFAULT_MAX_WORKER_THREADS
 from little_es.engine.executor import sub_run_id_for
 from little_es.engine.local import run_workflow
 from little_es.errors import EngineUnsupportedError, RunFailedError, VisitLimitError
@@ -790,6 +793,8 @@ async def test_little_worker_command_serves_runs_until_sigterm(
                 queue,
                 "--sticky-timeout",
                 "1",
+                "--max-worker-threads",
+                "3",
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -800,6 +805,7 @@ async def test_little_worker_command_serves_runs_until_sigterm(
         await _wait_until(lambda: "serving" in output.read_text() or cli.poll() is not None)
         assert cli.poll() is None, output.read_text()
         assert "t_agent v1" in output.read_text()
+        assert "sync steps and tools: 3 worker threads at most" in output.read_text()
         handle = await start_run(
             client, proc.AGENT_WORKFLOW, {"topic": "Tides", "turns": 2}, task_queue=queue
         )
@@ -1361,6 +1367,44 @@ async def test_max_concurrency_bounds_a_groups_branches_on_temporal_as_locally(
         child = await client.get_workflow_handle(sub_run_id).describe()
         assert child.status is not None and child.status.name == "COMPLETED"
     await _replay_history(history)
+
+
+# ------------------------------------------------------------ worker threads on Temporal
+
+_WIDTH = DEFAULT_MAX_WORKER_THREADS + 2
+_TOGETHER = threading.Barrier(_WIDTH, timeout=10)
+
+
+def _meet(ctx: StepContext) -> Any:
+    _TOGETHER.wait()
+    return ctx.branch_value
+
+
+_WIDE_WORKFLOW = Workflow(
+    "t_wide",
+    version="1",
+    steps=[
+        parallel(
+            "fan", branches=lambda ctx: {str(i): i for i in range(_WIDTH)}, step=task("meet", _meet)
+        )
+    ],
+)
+"""More sync branches than the default worker thread limit, each waiting for all the others."""
+
+
+@pytest.mark.backends("memory")
+async def test_set_max_worker_threads_lets_that_many_sync_steps_run_at_once_on_temporal(
+    client: Client, world: World
+) -> None:
+    queue = _queue()
+    previous = set_max_worker_threads(_WIDTH)
+    try:
+        async with create_worker(client, world, workflows=[_WIDE_WORKFLOW], task_queue=queue):
+            handle = await start_run(client, _WIDE_WORKFLOW, run_id="run_wide", task_queue=queue)
+            done = await handle.result()
+    finally:
+        set_max_worker_threads(previous)
+    assert done.output == {str(i): i for i in range(_WIDTH)}
 
 
 _SPANS: list[tuple[float, float]] = []

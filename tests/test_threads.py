@@ -2,9 +2,10 @@
 
 What ``asyncio.to_thread`` promised, which they replace: the call runs off the
 loop, in a copy of the caller's context, and hands back its result or its
-exception. And what they add: at most ``_MAX_WORKERS`` calls at once with every
-further call served in turn, idle workers that end without losing a call, a
-forked child that starts its own, and nothing of a call kept once it returned.
+exception. And what they add: at most ``set_max_worker_threads``'s limit of calls
+at once (``min(32, CPUs + 4)`` unless changed) with every further call served in
+turn, idle workers that end without losing a call, a forked child that starts its
+own, and nothing of a call kept once it returned.
 """
 
 from __future__ import annotations
@@ -19,11 +20,13 @@ import textwrap
 import threading
 import time
 import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 import little_es._threads as threads
+from little_es import max_worker_threads, set_max_worker_threads
 from little_es._threads import run_in_worker
 
 _VAR: contextvars.ContextVar[str] = contextvars.ContextVar("test_threads_var", default="unset")
@@ -31,6 +34,22 @@ _VAR: contextvars.ContextVar[str] = contextvars.ContextVar("test_threads_var", d
 
 async def _call(fn: Any, *args: Any) -> Any:
     return await asyncio.wait_for(run_in_worker(fn, *args), 10)
+
+
+@pytest.fixture
+def limit() -> Iterator[Callable[[int], int]]:
+    """``set_max_worker_threads``, the limit put back as it was after the test."""
+    before = threads._max_workers
+    yield set_max_worker_threads
+    set_max_worker_threads(before)
+
+
+async def _until(condition: Callable[[], bool], what: str) -> None:
+    for _ in range(1000):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"still not {what} after 10 s")
 
 
 def test_a_call_runs_off_the_loop_in_a_copy_of_the_callers_context() -> None:
@@ -100,7 +119,7 @@ def test_at_most_max_workers_calls_run_at_once_and_every_further_one_is_served()
             running -= 1
         return i
 
-    calls = threads._MAX_WORKERS * 2 + 3
+    calls = threads._max_workers * 2 + 3
 
     async def main() -> tuple[list[int], threads._Pool]:
         done = await asyncio.gather(*(run_in_worker(busy, i) for i in range(calls)))
@@ -108,29 +127,136 @@ def test_at_most_max_workers_calls_run_at_once_and_every_further_one_is_served()
 
     done, pool = asyncio.run(asyncio.wait_for(main(), 30))
     assert done == list(range(calls))
-    assert most == threads._MAX_WORKERS
+    assert most == threads._max_workers == threads.DEFAULT_MAX_WORKER_THREADS
     # Every worker is idle again, promised nothing: the next calls start no new one.
     assert (pool.backlog, pool.idle, pool.workers) == (
         0,
-        threads._MAX_WORKERS,
-        threads._MAX_WORKERS,
+        threads._max_workers,
+        threads._max_workers,
     )
+
+
+def test_a_raised_limit_starts_the_calls_waiting_their_turn(
+    limit: Callable[[int], int],
+) -> None:
+    release = threading.Event()
+    started: list[int] = []
+
+    def held(i: int) -> int:
+        started.append(i)
+        release.wait(10)
+        return i
+
+    async def main() -> list[int]:
+        limit(2)
+        calls = asyncio.gather(*(run_in_worker(held, i) for i in range(5)))
+        await _until(lambda: len(started) == 2, "two started")
+        await asyncio.sleep(0.1)
+        assert len(started) == 2  # the other three wait their turn
+        assert limit(5) == 2
+        assert max_worker_threads() == 5
+        await _until(lambda: len(started) == 5, "all five started")  # none finished
+        release.set()
+        return list(await calls)
+
+    assert asyncio.run(asyncio.wait_for(main(), 30)) == [0, 1, 2, 3, 4]
+
+
+def test_a_lowered_limit_holds_for_later_calls_and_the_workers_beyond_it_end(
+    limit: Callable[[int], int],
+) -> None:
+    lock = threading.Lock()
+    release = threading.Event()
+    running = 0
+    seen_by_later: list[int] = []
+
+    def call(later: bool) -> None:
+        nonlocal running
+        with lock:
+            running += 1
+            if later:
+                seen_by_later.append(running)
+        if not later:
+            release.wait(10)
+        time.sleep(0.02)
+        with lock:
+            running -= 1
+
+    async def main() -> None:
+        limit(4)
+        pool = threads._pool_of(asyncio.get_running_loop())
+        first = asyncio.gather(*(run_in_worker(call, False) for _ in range(4)))
+        await _until(lambda: running == 4, "four running")
+        limit(1)
+        later = asyncio.gather(*(run_in_worker(call, True) for _ in range(3)))
+        await asyncio.sleep(0.1)
+        assert seen_by_later == []  # four run, over the new limit: none starts
+        release.set()
+        await first
+        await later
+        # Each later call ran alone, and three of the four workers ended as they finished.
+        assert seen_by_later == [1, 1, 1]
+        assert (pool.workers, pool.idle, pool.backlog) == (1, 1, 0)
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_a_lowered_limit_ends_the_idle_workers_beyond_it(limit: Callable[[int], int]) -> None:
+    before = set(threading.enumerate())
+
+    async def main() -> None:
+        limit(4)
+        pool = threads._pool_of(asyncio.get_running_loop())
+        together = threading.Barrier(4, timeout=10)
+        await asyncio.gather(*(run_in_worker(together.wait) for _ in range(4)))
+        assert (pool.workers, pool.idle) == (4, 4)
+        ours = [t for t in threading.enumerate() if t not in before]
+        assert len(ours) == 4
+        limit(2)
+        assert (pool.workers, pool.idle) == (2, 2)
+        await _until(lambda: sum(t.is_alive() for t in ours) == 2, "two workers ended")
+        # The two left serve on, at most two calls at once.
+        assert sorted(await asyncio.gather(*(run_in_worker(abs, -i) for i in range(6)))) == [
+            0,
+            1,
+            2,
+            3,
+            4,
+            5,
+        ]
+        assert (pool.workers, pool.idle, pool.backlog) == (2, 2, 0)
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+@pytest.mark.parametrize("wrong", ["4", 2.0, True, None])
+def test_a_limit_that_is_no_int_is_refused(wrong: Any, limit: Callable[[int], int]) -> None:
+    with pytest.raises(TypeError, match="the worker thread limit must be an int"):
+        limit(wrong)
+    assert max_worker_threads() == threads.DEFAULT_MAX_WORKER_THREADS
+
+
+@pytest.mark.parametrize("wrong", [0, -3])
+def test_a_limit_under_one_is_refused(wrong: int, limit: Callable[[int], int]) -> None:
+    with pytest.raises(ValueError, match=r"must be 1 or more.*run_in_thread=False"):
+        limit(wrong)
+    assert max_worker_threads() == threads.DEFAULT_MAX_WORKER_THREADS
 
 
 def test_a_call_that_runs_a_loop_of_its_own_gets_that_loops_workers() -> None:
     # Every worker of the outer loop is held by a call that waits for a call of its own
     # loop: with one pool for all loops, those would wait forever.
-    everyone = threading.Barrier(threads._MAX_WORKERS, timeout=10)
+    everyone = threading.Barrier(threads._max_workers, timeout=10)
 
     def outer(i: int) -> int:
         everyone.wait()
         return int(asyncio.run(_call(int, str(i))))
 
     async def main() -> list[int]:
-        calls = (run_in_worker(outer, i) for i in range(threads._MAX_WORKERS))
+        calls = (run_in_worker(outer, i) for i in range(threads._max_workers))
         return list(await asyncio.wait_for(asyncio.gather(*calls), 20))
 
-    assert asyncio.run(main()) == list(range(threads._MAX_WORKERS))
+    assert asyncio.run(main()) == list(range(threads._max_workers))
 
 
 def test_idle_workers_end_and_a_later_call_starts_one(monkeypatch: pytest.MonkeyPatch) -> None:

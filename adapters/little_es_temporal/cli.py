@@ -25,6 +25,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from little_es import max_worker_threads, set_max_worker_threads
 from little_es.cli.run import load_workflow
 from little_es.errors import LittleEsError
 from little_es.events import RunCancelled, SignalReceived
@@ -122,10 +123,20 @@ def register(app: typer.Typer) -> None:
             int | None,
             typer.Option("--max-concurrent-activities", min=1, help="steps run at once"),
         ] = None,
+        max_threads: Annotated[
+            int | None,
+            typer.Option(
+                "--max-worker-threads",
+                min=1,
+                help="sync step functions and tools run at once (default: min(32, CPUs + 4))",
+            ),
+        ] = None,
     ) -> None:
         """Serve workflows on a Temporal task queue until interrupted (SIGINT/SIGTERM)."""
         console = Console()
         loaded = [load_workflow(ref) for ref in workflows]
+        if max_threads is not None:
+            set_max_worker_threads(max_threads)
 
         async def serve() -> None:
             stop = asyncio.Event()
@@ -146,7 +157,8 @@ def register(app: typer.Typer) -> None:
                     names = ", ".join(f"{w.id} v{w.version}" for w in loaded)
                     console.print(
                         f"serving [cyan]{names}[/] on task queue [cyan]{task_queue}[/] at {address}"
-                        f" (world {opened.name}); Ctrl-C stops"
+                        f" (world {opened.name}; sync steps and tools: {max_worker_threads()}"
+                        " worker threads at most); Ctrl-C stops"
                     )
                     await stop.wait()
             console.print("worker stopped")
