@@ -7,11 +7,14 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from little_es import max_worker_threads, set_max_worker_threads
+from little_es._threads import DEFAULT_MAX_WORKER_THREADS
 from little_es.cli import app
 from little_es.replay import replay_run
 from little_es.world import local_world
@@ -81,6 +84,61 @@ def test_run_then_resume_after_a_failure(project: Path) -> None:
     assert _ledger(project) == ["fetch", "publish", "publish"]
     with local_world(project / "world") as world:
         assert replay_run(world, "run_cli_1").state.status == "completed"
+
+
+_WIDE_FLOW = """
+import threading
+from little_es import Workflow, parallel, task
+from little_es._threads import DEFAULT_MAX_WORKER_THREADS
+
+WIDTH = DEFAULT_MAX_WORKER_THREADS + 2
+TOGETHER = threading.Barrier(WIDTH, timeout=10)
+
+def meet(ctx):
+    TOGETHER.wait()  # every branch waits for all the others: each needs a thread of its own
+    return ctx.branch_value
+
+def keys(ctx):
+    return {str(i): i for i in range(WIDTH)}
+
+wf = Workflow("cli_wide", steps=[parallel("fan", branches=keys, step=task("meet", meet))])
+"""
+
+
+@pytest.fixture
+def limit_restored() -> Iterator[None]:
+    before = max_worker_threads()
+    yield
+    set_max_worker_threads(before)
+
+
+@pytest.mark.usefixtures("limit_restored")
+def test_max_worker_threads_lets_that_many_sync_steps_run_at_once(project: Path) -> None:
+    (project / "cli_wide_mod.py").write_text(textwrap.dedent(_WIDE_FLOW))
+    width = DEFAULT_MAX_WORKER_THREADS + 2
+    url = f"sqlite:///{project / 'world'}"
+    result = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "cli_wide_mod:wf",
+            "--run-id",
+            "run_wide",
+            "--world",
+            url,
+            "--max-worker-threads",
+            str(width),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert max_worker_threads() == width
+    with local_world(project / "world") as world:
+        assert replay_run(world, "run_wide").state.output == {str(i): i for i in range(width)}
+    refused = CliRunner().invoke(
+        app, ["resume", "run_wide", "--workflow", "cli_wide_mod:wf", "--max-worker-threads", "0"]
+    )
+    assert refused.exit_code == 2
+    assert "--max-worker-threads" in refused.output
 
 
 @pytest.mark.parametrize(

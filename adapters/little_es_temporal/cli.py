@@ -26,7 +26,7 @@ import typer
 from rich.console import Console
 
 from little_es import max_worker_threads, set_max_worker_threads
-from little_es.cli.run import load_workflow
+from little_es.cli.run import MaxWorkerThreads, load_workflow
 from little_es.errors import LittleEsError
 from little_es.events import RunCancelled, SignalReceived
 from little_es.world import WORLD_ENV_VAR, World, open_world
@@ -123,14 +123,7 @@ def register(app: typer.Typer) -> None:
             int | None,
             typer.Option("--max-concurrent-activities", min=1, help="steps run at once"),
         ] = None,
-        max_threads: Annotated[
-            int | None,
-            typer.Option(
-                "--max-worker-threads",
-                min=1,
-                help="sync step functions and tools run at once (default: min(32, CPUs + 4))",
-            ),
-        ] = None,
+        max_threads: MaxWorkerThreads = None,
     ) -> None:
         """Serve workflows on a Temporal task queue until interrupted (SIGINT/SIGTERM)."""
         console = Console()

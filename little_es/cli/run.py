@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
 
+from little_es._threads import set_max_worker_threads
 from little_es.cli.common import WorldOption, importable_cwd
 from little_es.engine.local import run_workflow
 from little_es.errors import RunNotFoundError, RunStoppedError, RunWaitingError, WorkflowRefError
@@ -63,6 +64,14 @@ BudgetCalls = Annotated[
     int | None,
     typer.Option("--budget-calls", min=0, help="... once it made this many model calls."),
 ]
+MaxWorkerThreads = Annotated[
+    int | None,
+    typer.Option(
+        "--max-worker-threads",
+        min=1,
+        help="sync step functions and tools run at once (default: min(32, CPUs + 4))",
+    ),
+]
 
 
 def _budget(usd: str | None, tokens: int | None, calls: int | None) -> Budget | None:
@@ -83,7 +92,10 @@ def _drive(
     budget: Budget | None = None,
     resume_cancelled: bool = False,
     must_exist: bool = False,
+    max_worker_threads: int | None = None,
 ) -> None:
+    if max_worker_threads is not None:
+        set_max_worker_threads(max_worker_threads)
     console = Console()
     board = StepBoard()
     world = open_world(world_url)
@@ -148,6 +160,7 @@ def run_command(
     budget_usd: BudgetUsd = None,
     budget_tokens: BudgetTokens = None,
     budget_calls: BudgetCalls = None,
+    max_worker_threads: MaxWorkerThreads = None,
 ) -> None:
     """Start a run of a workflow (or resume it, if the run id exists)."""
     try:
@@ -157,7 +170,14 @@ def run_command(
     if not isinstance(data, dict):
         raise WorkflowRefError("--input must be a JSON object, e.g. '{\"ticket\": 42}'")
     budget = _budget(budget_usd, budget_tokens, budget_calls)
-    _drive(world, load_workflow(workflow), data, run_id, budget=budget)
+    _drive(
+        world,
+        load_workflow(workflow),
+        data,
+        run_id,
+        budget=budget,
+        max_worker_threads=max_worker_threads,
+    )
 
 
 def resume_command(
@@ -172,6 +192,7 @@ def resume_command(
     budget_usd: BudgetUsd = None,
     budget_tokens: BudgetTokens = None,
     budget_calls: BudgetCalls = None,
+    max_worker_threads: MaxWorkerThreads = None,
 ) -> None:
     """Resume a run where its log stops (with --budget-*: a new budget for it)."""
     budget = _budget(budget_usd, budget_tokens, budget_calls)
@@ -183,4 +204,5 @@ def resume_command(
         budget=budget,
         resume_cancelled=force_cancelled,
         must_exist=True,
+        max_worker_threads=max_worker_threads,
     )
