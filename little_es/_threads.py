@@ -12,7 +12,8 @@ local engine's in-place outputs need (``engine/local.py``'s ``set_output``).
 At most ``min(32, cpus + 4)`` calls of one event loop run at once (asyncio's
 default executor's limit, which is per loop too); more wait their turn.
 :func:`set_max_worker_threads` changes the limit, for every loop. A worker idle
-for :data:`_IDLE_SECONDS` ends.
+for :data:`_IDLE_SECONDS` ends, and the workers of a loop that is closed (found by
+the next loop's first call) or gone end once they have no call to run.
 Workers are daemon threads: a process that exits while a call runs does not
 wait for it, which for a step is a crash (the step is in flight and runs again
 on resume), not a hang at exit.
@@ -65,6 +66,8 @@ class _Pool:
         self.backlog = 0
         self.workers = 0
         self.started = 0
+        # Its loop is closed or gone: no call can come, so no worker waits idle.
+        self.closed = False
 
 
 # One pool per event loop, as asyncio's default executor is: a sync step that runs a
@@ -80,10 +83,36 @@ def _pool_of(loop: asyncio.AbstractEventLoop) -> _Pool:
         pool = _pools.get(loop)
     except TypeError:
         return _shared
-    if pool is None:
-        with _pools_lock:
-            pool = _pools.setdefault(loop, _Pool())
+    if pool is not None:
+        return pool
+    closed: list[_Pool] = []
+    with _pools_lock:
+        pool = _pools.get(loop)
+        if pool is None:
+            # A program that calls asyncio.run again and again makes a loop, and a pool,
+            # each time: the idle workers of those it closed would each wait out the idle
+            # timeout for calls that cannot come (thousands of threads in a tight loop).
+            for other, old in list(_pools.items()):
+                if other.is_closed():
+                    del _pools[other]
+                    closed.append(old)
+            pool = _pools[loop] = _Pool()
+            weakref.finalize(loop, _close, pool).atexit = False
+    for old in closed:
+        _close(old)
     return pool
+
+
+def _close(pool: _Pool) -> None:
+    """End ``pool``'s idle workers, and each busy one once its call is done."""
+    with pool.lock:
+        if pool.closed:
+            return
+        pool.closed = True
+        ending, pool.idle = pool.idle, 0
+        pool.workers -= ending
+    for _ in range(ending):
+        pool.jobs.put(None)
 
 
 def _reset_after_fork() -> None:
@@ -156,8 +185,14 @@ def set_max_worker_threads(limit: int) -> int:
     with _pools_lock:
         previous, _max_workers = _max_workers, limit
         pools = [*_pools.values(), _shared]
+    failed: BaseException | None = None
     for pool in pools:
-        _fit(pool)
+        try:
+            _fit(pool)
+        except BaseException as exc:  # no thread could start: the other pools still fit
+            failed = failed or exc
+    if failed is not None:
+        raise failed
     return previous
 
 
@@ -176,9 +211,14 @@ def _fit(pool: _Pool) -> None:
         try:
             _start(pool)
         except BaseException:
-            with pool.lock:  # the calls not served by a new worker wait their turn again
-                pool.backlog += starting - started
-                pool.workers -= starting - started
+            unserved = starting - started
+            with pool.lock:
+                # The calls no new worker serves go to workers that went idle meanwhile,
+                # else wait their turn again: never idle workers beside a backlog.
+                pool.workers -= unserved
+                taken = min(pool.idle, unserved)
+                pool.idle -= taken
+                pool.backlog += unserved - taken
             raise
 
 
@@ -219,8 +259,8 @@ def _serve(pool: _Pool) -> None:
             serving = True
             if pool.backlog and pool.workers <= _max_workers:
                 pool.backlog -= 1
-            elif pool.workers > _max_workers:
-                pool.workers -= 1  # beyond a lowered limit
+            elif pool.workers > _max_workers or pool.closed:
+                pool.workers -= 1  # beyond a lowered limit, or its loop is gone
                 serving = False
             else:
                 pool.idle += 1
@@ -235,6 +275,11 @@ def _serve(pool: _Pool) -> None:
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
     if future.cancelled():
         return
+    if isinstance(error, StopIteration):
+        # A future refuses it with a TypeError, and the caller would wait forever.
+        failed = RuntimeError(f"the call raised StopIteration: {error!r}")
+        failed.__cause__ = error
+        error = failed
     if error is not None:
         future.set_exception(error)
     else:

@@ -121,19 +121,16 @@ def test_at_most_max_workers_calls_run_at_once_and_every_further_one_is_served()
 
     calls = threads._max_workers * 2 + 3
 
-    async def main() -> tuple[list[int], threads._Pool]:
+    async def main() -> tuple[list[int], tuple[int, int, int]]:
         done = await asyncio.gather(*(run_in_worker(busy, i) for i in range(calls)))
-        return list(done), threads._pool_of(asyncio.get_running_loop())
+        pool = threads._pool_of(asyncio.get_running_loop())
+        return list(done), (pool.backlog, pool.idle, pool.workers)
 
-    done, pool = asyncio.run(asyncio.wait_for(main(), 30))
+    done, counts = asyncio.run(asyncio.wait_for(main(), 30))
     assert done == list(range(calls))
     assert most == threads._max_workers == threads.DEFAULT_MAX_WORKER_THREADS
     # Every worker is idle again, promised nothing: the next calls start no new one.
-    assert (pool.backlog, pool.idle, pool.workers) == (
-        0,
-        threads._max_workers,
-        threads._max_workers,
-    )
+    assert counts == (0, threads._max_workers, threads._max_workers)
 
 
 def test_a_raised_limit_starts_the_calls_waiting_their_turn(
@@ -202,7 +199,7 @@ def test_a_lowered_limit_holds_for_later_calls_and_the_workers_beyond_it_end(
 
 
 def test_a_lowered_limit_ends_the_idle_workers_beyond_it(limit: Callable[[int], int]) -> None:
-    before = set(threading.enumerate())
+    before = _workers()
 
     async def main() -> None:
         limit(4)
@@ -210,7 +207,7 @@ def test_a_lowered_limit_ends_the_idle_workers_beyond_it(limit: Callable[[int], 
         together = threading.Barrier(4, timeout=10)
         await asyncio.gather(*(run_in_worker(together.wait) for _ in range(4)))
         assert (pool.workers, pool.idle) == (4, 4)
-        ours = [t for t in threading.enumerate() if t not in before]
+        ours = [t for t in _workers() if t not in before]
         assert len(ours) == 4
         limit(2)
         assert (pool.workers, pool.idle) == (2, 2)
@@ -303,17 +300,104 @@ def test_a_cancelled_caller_leaves_the_call_to_finish_and_the_worker_to_serve_on
     assert errors == []
 
 
-def test_a_call_whose_loop_closed_leaves_the_worker_serving_the_next_loop() -> None:
+def _workers() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("little_es-worker-")}
+
+
+def _until_true(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, f"still not {what} after 10 s"
+        time.sleep(0.01)
+
+
+def test_a_call_whose_loop_closed_ends_its_worker_once_it_returns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     release = threading.Event()
+    failures: list[threading.ExceptHookArgs] = []
+    monkeypatch.setattr(threading, "excepthook", failures.append)
+    before = _workers()
 
     async def abandon() -> None:
         run_in_worker(release.wait, 10.0)
         await asyncio.sleep(0)
 
     asyncio.run(abandon())  # the loop closes while the call still runs
-    release.set()
-    time.sleep(0.05)
+    ours = _workers() - before
+    assert len(ours) == 1
+    # Another loop's first call finds the closed one (still held by the running call).
     assert asyncio.run(_call(len, "four")) == 4
+    release.set()
+    # Nobody can wait for its result, and no call can come to it: it ends, quietly.
+    _until_true(lambda: not any(t.is_alive() for t in ours), "ended")
+    assert failures == []
+
+
+def test_the_workers_of_closed_loops_end_without_waiting_out_the_idle_timeout() -> None:
+    # Each asyncio.run is a loop, and a pool, of its own: their idle workers would each
+    # wait the idle timeout (30 s) for calls that cannot come.
+    before = _workers()
+    for i in range(40):
+        assert asyncio.run(_call(abs, -i)) == i
+    _until_true(lambda: len(_workers() - before) == 0, "every worker ended")
+
+
+def test_a_stop_iteration_reaches_the_caller_as_a_runtime_error() -> None:
+    def empty() -> int:
+        return next(iter([]))
+
+    async def main() -> None:
+        with pytest.raises(RuntimeError, match="StopIteration") as caught:
+            await _call(empty)
+        assert isinstance(caught.value.__cause__, StopIteration)
+
+    asyncio.run(main())
+
+
+def test_idle_timeouts_racing_new_calls_lose_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Workers time out while calls arrive: one that ends while a call is promised to it
+    # would leave that call waiting forever.
+    monkeypatch.setattr(threads, "_IDLE_SECONDS", 0.0005)
+
+    async def main() -> int:
+        done = 0
+        for i in range(600):
+            done += len(await asyncio.gather(*(run_in_worker(abs, j) for j in range(i % 4 + 1))))
+            if i % 3 == 0:
+                await asyncio.sleep(0.0005 * (i % 5))
+        return done
+
+    assert asyncio.run(asyncio.wait_for(main(), 30)) == sum(i % 4 + 1 for i in range(600))
+
+
+def test_a_thread_that_cannot_start_leaves_the_waiting_calls_served(
+    limit: Callable[[int], int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = threading.Event()
+
+    def held(i: int) -> int:
+        release.wait(10)
+        return i
+
+    async def main() -> list[int]:
+        limit(1)
+        pool = threads._pool_of(asyncio.get_running_loop())
+        calls = asyncio.gather(*(run_in_worker(held, i) for i in range(4)))
+        await _until(lambda: pool.backlog == 3, "three waiting")
+
+        def cannot(pool: threads._Pool) -> None:
+            raise RuntimeError("can't start new thread")
+
+        with monkeypatch.context() as m:
+            m.setattr(threads, "_start", cannot)
+            with pytest.raises(RuntimeError, match="can't start new thread"):
+                limit(4)
+        assert (pool.workers, pool.idle, pool.backlog) == (1, 0, 3)
+        release.set()
+        return list(await calls)  # the one worker serves them in turn
+
+    assert asyncio.run(asyncio.wait_for(main(), 30)) == [0, 1, 2, 3]
 
 
 def test_nothing_of_a_call_outlives_it_in_the_worker() -> None:
