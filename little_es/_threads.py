@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import itertools
 import os
 import queue
 import threading
@@ -37,6 +38,7 @@ _IDLE_SECONDS = 30.0
 DEFAULT_MAX_WORKER_THREADS = min(32, (os.cpu_count() or 1) + 4)
 """asyncio's default executor's limit: ``min(32, CPUs + 4)``."""
 _max_workers = DEFAULT_MAX_WORKER_THREADS
+_numbers = itertools.count(1)
 
 _Job = tuple[
     asyncio.AbstractEventLoop,
@@ -65,7 +67,6 @@ class _Pool:
         self.idle = 0
         self.backlog = 0
         self.workers = 0
-        self.started = 0
         # Its loop is closed or gone: no call can come, so no worker waits idle.
         self.closed = False
 
@@ -223,9 +224,8 @@ def _fit(pool: _Pool) -> None:
 
 
 def _start(pool: _Pool) -> None:
-    with pool.lock:
-        pool.started += 1
-        name = f"little_es-worker-{pool.started}"
+    # Numbered across all pools, so that a name in a traceback or a thread dump is one thread.
+    name = f"little_es-worker-{next(_numbers)}"
     threading.Thread(target=_serve, args=(pool,), name=name, daemon=True).start()
 
 
@@ -241,7 +241,7 @@ def _serve(pool: _Pool) -> None:
                     pool.workers -= 1
                     return
             continue
-        if job is None:  # set_max_worker_threads lowered the limit below the idle workers
+        if job is None:  # an idle worker told to end: a lowered limit, or a closed loop
             return
         loop, future, context, fn, args, kwargs = job
         # Dropped before the loop is woken: the local engine extends the outputs it

@@ -343,6 +343,14 @@ def test_the_workers_of_closed_loops_end_without_waiting_out_the_idle_timeout() 
     _until_true(lambda: len(_workers() - before) == 0, "every worker ended")
 
 
+def test_worker_names_are_unique_across_loops() -> None:
+    def name() -> str:
+        return threading.current_thread().name
+
+    names = [asyncio.run(_call(name)) for _ in range(3)]
+    assert len(set(names)) == 3 and all(n.startswith("little_es-worker-") for n in names)
+
+
 def test_a_stop_iteration_reaches_the_caller_as_a_runtime_error() -> None:
     def empty() -> int:
         return next(iter([]))
