@@ -3,7 +3,7 @@
 The public API is re-exported here; everything else is internal. See the README.
 """
 
-from little_es._strict import MAX_JSON_DEPTH
+from little_es._strict import JSON_INT_RANGE, MAX_JSON_DEPTH
 from little_es._threads import max_worker_threads, set_max_worker_threads
 from little_es.aggregates import StepAggregates
 from little_es.backends.base import Lease, RunSummary, check_leases
@@ -213,6 +213,7 @@ from little_es.world import (
 
 __all__ = [
     "END",
+    "JSON_INT_RANGE",
     "MAX_JSON_DEPTH",
     "AggregateArgumentError",
     "AggregateConflictError",

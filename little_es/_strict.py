@@ -12,14 +12,18 @@ field, what a reader could not read back as it was written:
   ``cost_usd`` on a :class:`~little_es.values.Usage`), which pydantic drops;
 * NaN, Infinity and -Infinity, which JSON cannot hold (they would be read back
   as ``null``);
+* an integer outside :data:`JSON_INT_RANGE`, the 64-bit range of every JSON tool
+  little_es reads and hashes values with (orjson's): a bigger one would be
+  stored, then break the conversation hash of an agent, the ``little`` CLI's
+  JSON, or (past 4,300 digits) the reader itself;
 * a JSON value nested deeper than :data:`MAX_JSON_DEPTH` arrays and objects.
 
 The check costs a few microseconds per event when the event was built by
-validation (``Aggregate.trigger`` builds every event so): two byte searches of
+validation (``Aggregate.trigger`` builds every event so): a few byte searches of
 the payload the recorder just produced and a look at the nested value objects.
 Only a payload that may hold a problem (an unvalidated object, ``NaN`` or
-``Infinity`` in its bytes, more brackets than the depth limit) is walked and
-validated again with the reader's own validator.
+``Infinity`` in its bytes, more brackets than the depth limit, a run of 19
+digits) is walked and validated again with the reader's own validator.
 """
 
 from __future__ import annotations
@@ -57,6 +61,23 @@ deep could be written but never read back."""
 _ORJSON_PARSE_DEPTH = 1024
 _PAD_OPEN = b"[" * (_ORJSON_PARSE_DEPTH - MAX_JSON_DEPTH)
 _PAD_CLOSE = b"]" * (_ORJSON_PARSE_DEPTH - MAX_JSON_DEPTH)
+
+JSON_INT_RANGE = (-(2**63), 2**64 - 1)
+"""The least and the greatest integer a JSON value may hold (orjson's range). Wider
+ones are refused before anything is recorded: send them as strings."""
+_INT_MIN, _INT_MAX = JSON_INT_RANGE
+# Every integer outside the range has 19 digits or more (-2**63 - 1 has 19), and so
+# has its JSON; the payload's bytes with each digit made "0" and every other byte a
+# space hold a run of 19 zeros exactly when the payload holds a run of 19 digits (one
+# C pass, no regex).
+_DIGITS_AS_ZEROS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
+_LONG_DIGIT_RUN = b"0" * 19
+
+
+def has_long_digit_run(data: bytes) -> bool:
+    """Whether ``data`` holds 19 digits in a row (an integer outside
+    :data:`JSON_INT_RANGE` does; so may a long fraction or a string)."""
+    return _LONG_DIGIT_RUN in data.translate(_DIGITS_AS_ZEROS)
 
 
 def nests_deeper(data: bytes) -> bool:
@@ -110,8 +131,17 @@ def find_problem(value: Any, path: str, depth: int) -> str | None:
     value object (a pydantic model) starts each of its fields at 0.
     """
     kind = type(value)
-    if kind is str or kind is int or kind is bool or value is None:
+    if kind is str or kind is bool or value is None:
         return None
+    if isinstance(value, int):
+        if _INT_MIN <= value <= _INT_MAX:
+            return None
+        # Not its digits: past 4,300 of them, Python refuses to print an int.
+        return (
+            f"{path} is an integer of {value.bit_length()} bits, outside the 64-bit range"
+            " JSON values are read and hashed with here (-2**63 to 2**64-1): send it as a"
+            " string instead"
+        )
     if isinstance(value, float):
         if math.isfinite(value):
             return None
@@ -177,6 +207,7 @@ def check_stored_payload(model: BaseModel, label: str, data: bytes) -> None:
     if (
         b"NaN" not in data
         and b"Infinity" not in data
+        and not has_long_digit_run(data)
         and (data.count(b"[") + data.count(b"{") <= MAX_JSON_DEPTH or not nests_deeper(data))
         and _validated(model)
     ):

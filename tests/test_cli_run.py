@@ -166,6 +166,17 @@ def test_bad_input_exits_1(project: Path) -> None:
         assert message in result.output
 
 
+def test_an_integer_beyond_64_bits_in_the_input_is_refused_not_rounded(project: Path) -> None:
+    # orjson alone would read it as the float 1.2345678901234568e+29 and record that.
+    given = '{"order": 123456789012345678901234567890}'
+    result = CliRunner().invoke(
+        app, ["run", "cli_flow_mod:wf", "--input", given, "--world", "memory://"]
+    )
+    assert result.exit_code == 1
+    assert "input.order is an integer of 97 bits" in result.output
+    assert "Traceback" not in result.output
+
+
 def _as_from_a_terminal() -> None:
     """In the child before exec: SIGINT handled and unblocked, as in a shell.
 

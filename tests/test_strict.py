@@ -1,10 +1,10 @@
 """What is written can always be read: the recorder refuses what a reader could not read back.
 
 Every path that records a value (run input, step output, tool arguments and results, model
-responses, events of your own) refuses NaN, infinities, values nested deeper than
-``MAX_JSON_DEPTH`` and objects pydantic did not validate (``model_construct``), naming the
-field, with nothing unreadable appended; and whatever is accepted reads back equal through
-``replay_run`` and the decoded log.
+responses, events of your own) refuses NaN, infinities, integers outside ``JSON_INT_RANGE``,
+values nested deeper than ``MAX_JSON_DEPTH`` and objects pydantic did not validate
+(``model_construct``), naming the field, with nothing unreadable appended; and whatever is
+accepted reads back equal through ``replay_run`` and the decoded log.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from little_es import (
     task,
     tool,
 )
-from little_es._strict import nests_deeper
+from little_es._strict import JSON_INT_RANGE, has_long_digit_run, nests_deeper
 from little_es.events import ModelResponded, RunStarted
 from little_es.ids import run_stream_id
 from tests.conftest import WorldSpec
@@ -226,6 +226,87 @@ def test_a_non_finite_field_of_your_own_event_is_refused() -> None:
     assert replay_run(world, "run_own").state.event_count == before + 1
 
 
+# ------------------------------------------------------------------ integers
+
+
+def test_the_integer_range_is_orjsons_which_reads_hashes_and_prints_values() -> None:
+    least, greatest = JSON_INT_RANGE
+    for n in (least, greatest):
+        assert orjson.loads(orjson.dumps(n)) == n
+    for n in (least - 1, greatest + 1):
+        with pytest.raises(TypeError):
+            orjson.dumps(n)
+
+
+@pytest.mark.parametrize(
+    ("data", "long"),
+    [
+        (b'{"n":123456789012345678}', False),
+        (b'{"n":1234567890123456789}', True),
+        (b'{"n":-9223372036854775809,"s":"x"}', True),
+        (b'{"a":1234567890,"b":1234567890}', False),
+        (b'"1234567890 1234567890"', False),
+        (b"", False),
+    ],
+)
+def test_a_run_of_nineteen_digits_is_found_in_the_bytes(data: bytes, long: bool) -> None:
+    assert has_long_digit_run(data) is long
+
+
+@pytest.mark.parametrize(
+    "bad", [JSON_INT_RANGE[1] + 1, JSON_INT_RANGE[0] - 1, 10**5000], ids=["over", "under", "huge"]
+)
+def test_an_integer_outside_the_range_is_refused_naming_the_field(bad: int) -> None:
+    world = memory_world()
+    with pytest.raises(RunFailedError, match=r"step 'a' output\.n\.0 is an integer of \d+ bits"):
+        run(world, [task("a", lambda ctx: {"n": [bad]})], "run_big_out")
+    assert not any(isinstance(e, StepCompleted) for e in world.read_run_log("run_big_out"))
+    with pytest.raises(EventPayloadError, match=r"the run input\.n is an integer"):
+        run(world, [task("a", lambda ctx: 1)], "run_big_in", {"n": bad})
+    assert not world.run_exists("run_big_in")
+    before = rows(world, "run_big_out")
+    with pytest.raises(EventPayloadError, match=r"detail\.n is an integer .* send it as a string"):
+        world.record_run_event("run_big_out", Scored, score=1.0, detail={"n": bad})
+    assert rows(world, "run_big_out") == before
+    replay_run(world, "run_big_out")
+
+
+def test_the_integers_at_the_ends_of_the_range_are_recorded_and_read_back() -> None:
+    world = memory_world()
+    ends = list(JSON_INT_RANGE)
+    result = run(world, [task("a", lambda ctx: {"n": ends})], "run_ends", {"n": ends})
+    assert result.output == {"n": ends}
+    world.record_run_event("run_ends", Scored, score=1.0, detail={"n": ends})
+    replayed = replay_run(world, "run_ends")
+    assert replayed.input == {"n": ends} and replayed.steps[0].output == {"n": ends}
+    noted = next(e for e in world.read_run_log("run_ends") if isinstance(e, Scored))
+    assert noted.detail == {"n": ends}
+
+
+def test_a_huge_integer_in_the_models_arguments_is_refused_before_its_response_is_recorded() -> (
+    None
+):
+    @tool
+    def look(n: int) -> str:
+        """Look."""
+        return "seen"
+
+    def huge_args() -> ModelResponse:
+        return ModelResponse(
+            tool_calls=(ToolCall(id="c1", name="look", arguments={"n": 2**70}),),
+            provider="fixed",
+            model="fixed-1",
+        )
+
+    world = memory_world()
+    step = agent("ask", model=FixedModel([huge_args]), tools=[look], prompt="go")
+    with pytest.raises(RunFailedError, match=r"tool_calls\.0\.arguments\.n is an integer of 71"):
+        run(world, [step], "run_args_big")
+    replay_run(world, "run_args_big")
+    log = world.read_run_log("run_args_big")
+    assert not any(isinstance(e, ModelResponded | ToolCallStarted) for e in log)
+
+
 class Person(BaseModel):
     name: str
 
@@ -384,7 +465,7 @@ _finite = st.floats(allow_nan=False, allow_infinity=False)
 _json = st.recursive(
     st.none()
     | st.booleans()
-    | st.integers(min_value=-(2**63), max_value=2**63 - 1)
+    | st.integers(min_value=JSON_INT_RANGE[0], max_value=JSON_INT_RANGE[1])
     | _finite
     | st.text(max_size=8),
     lambda children: (
@@ -392,7 +473,17 @@ _json = st.recursive(
     ),
     max_leaves=12,
 )
-_bad_leaf = st.sampled_from([math.nan, math.inf, -math.inf, nested(MAX_JSON_DEPTH + 1)])
+_bad_leaf = st.sampled_from(
+    [
+        math.nan,
+        math.inf,
+        -math.inf,
+        nested(MAX_JSON_DEPTH + 1),
+        JSON_INT_RANGE[1] + 1,
+        JSON_INT_RANGE[0] - 1,
+        10**5000,
+    ]
+)
 
 
 _PATHS = ["input", "output", "model response", "tool result", "event"]

@@ -7,16 +7,19 @@ package :mod:`little_es.cli`, which imports them to register their commands.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
+import orjson
 import typer
 from rich.console import Console
 
+from little_es._strict import has_long_digit_run
 from little_es.errors import WorldConfigError
 from little_es.world import DEFAULT_DATA_DIR, WORLD_ENV_VAR, World, open_world
 
@@ -29,6 +32,7 @@ __all__ = [
     "import_modules",
     "importable_cwd",
     "inspection_world",
+    "load_json",
 ]
 
 IMPORT_ENV_VAR = "LITTLE_ES_IMPORT"
@@ -87,6 +91,20 @@ def inspection_world(url: str | None) -> Iterator[World]:
         yield world
     finally:
         world.close()
+
+
+def load_json(text: str) -> Any:
+    """``text`` (an option's value) parsed as JSON, its integers exact; ``ValueError`` if
+    it is not JSON.
+
+    orjson reads an integer beyond 64 bits as a float, so another number than the one
+    given would be recorded; the standard library's parser keeps it, and the recorder
+    then refuses it by name (:data:`~little_es.JSON_INT_RANGE`).
+    """
+    value = orjson.loads(text)
+    if has_long_digit_run(text.encode()):
+        value = json.loads(text)
+    return value
 
 
 def importable_cwd() -> None:

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import orjson
 import typer
 
-from little_es.cli.common import RunIdArgument, WorldOption, inspection_world
+from little_es.cli.common import RunIdArgument, WorldOption, inspection_world, load_json
 from little_es.errors import ForkError
 from little_es.fork import fork_run
 from little_es.render import fork_text
@@ -26,8 +25,8 @@ def _input(text: str | None) -> dict[str, Any] | None:
     if text is None:
         return None
     try:
-        value = orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
+        value = load_json(text)
+    except ValueError as exc:
         raise ForkError(
             f"--input is not JSON ({exc}): pass an object such as '{{\"a\": 1}}'"
         ) from exc

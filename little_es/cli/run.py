@@ -18,7 +18,7 @@ from rich.live import Live
 from rich.markup import escape
 
 from little_es._threads import set_max_worker_threads
-from little_es.cli.common import WorldOption, importable_cwd
+from little_es.cli.common import WorldOption, importable_cwd, load_json
 from little_es.engine.local import run_workflow
 from little_es.errors import RunNotFoundError, RunStoppedError, RunWaitingError, WorkflowRefError
 from little_es.events import Event
@@ -164,8 +164,8 @@ def run_command(
 ) -> None:
     """Start a run of a workflow (or resume it, if the run id exists)."""
     try:
-        data = orjson.loads(input)
-    except orjson.JSONDecodeError as exc:
+        data = load_json(input)
+    except ValueError as exc:
         raise WorkflowRefError(f"--input is not JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise WorkflowRefError("--input must be a JSON object, e.g. '{\"ticket\": 42}'")

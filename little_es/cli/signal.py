@@ -19,10 +19,9 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated, Any, cast
 
-import orjson
 import typer
 
-from little_es.cli.common import RunIdArgument, WorldOption, inspection_world
+from little_es.cli.common import RunIdArgument, WorldOption, inspection_world, load_json
 from little_es.errors import SignalDataError, WorldConfigError
 from little_es.events import SignalReceived
 from little_es.world import World
@@ -96,8 +95,8 @@ def signal_command(
 ) -> None:
     """Send a signal to a waiting run; its next resume continues from the wait."""
     try:
-        value: Any = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
+        value: Any = load_json(data)
+    except ValueError as exc:
         raise SignalDataError(f"--data is not JSON: {exc}") from exc
     options: dict[str, str | None] = {"digest": digest, "signal_id": signal_id, "wait_id": wait}
     # The wait's model is imported by its module:qualname, from here as for `little resume`.

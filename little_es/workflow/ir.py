@@ -23,6 +23,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from little_es._compact import ordinary_copy, prepare_compact
+from little_es._strict import JSON_INT_RANGE
 from little_es.workflow.paths import STEP_ID_PATTERN
 
 __all__ = [
@@ -69,13 +70,20 @@ def canonical_json(value: Any) -> bytes:
 def check_plain_json(value: Any, where: str) -> None:
     """Raise ValueError, naming ``where``, unless ``value`` is plain JSON data.
 
-    Plain JSON: None, bool, int, finite float, str, lists/tuples and dicts with
-    string keys of those.
+    Plain JSON: None, bool, int (within ``JSON_INT_RANGE``), finite float, str,
+    lists/tuples and dicts with string keys of those.
     """
     # orjson would also accept datetimes, UUIDs, dataclasses, ... and write NaN
     # as null; the IR must round-trip exactly, so only plain JSON is allowed.
-    if value is None or isinstance(value, bool | int | str):
+    if value is None or isinstance(value, bool | str):
         return
+    if isinstance(value, int):
+        if JSON_INT_RANGE[0] <= value <= JSON_INT_RANGE[1]:
+            return
+        raise ValueError(
+            f"{where} is an integer of {value.bit_length()} bits, outside the 64-bit range of"
+            " JSON values here (-2**63 to 2**64-1): use a string"
+        )
     if isinstance(value, float):
         if not math.isfinite(value):
             raise ValueError(f"{where} is {value!r}: JSON has no NaN or infinity")
