@@ -96,6 +96,10 @@ MAX_OUTER_LOOP_ID = 100
 PLANNER_WORKFLOW_ID = "little_es.outer_loop.planner"
 
 _FINISHED = ("completed", "failed")
+_STOPPED = ("cancelled", "timed_out", "budget_exceeded")
+"""How a run of a cycle ends other than by completing or failing. A resume of it stops
+the same way again, so its cycle ends failed (the planner sees the run's own status)
+instead of holding the loop for ever."""
 
 
 class PlannerDecision(BaseModel):
@@ -369,13 +373,14 @@ def _context(world: World, loop: OuterLoop, cycle: int) -> LoopContext:
     for number, c in sorted(loop.cycles.items()):
         if number >= cycle or c.completed is None:
             continue
-        _, output = _run_fold_status(world, c.completed.run_id)
+        run_status, output = _run_fold_status(world, c.completed.run_id)
         totals = run_tree_totals(world, c.completed.run_id)
         outcomes.append(
             CycleOutcome(
                 cycle=number,
                 run_id=c.completed.run_id,
-                status=c.completed.status,
+                # A failed cycle whose run timed out or was cancelled says which.
+                status=run_status if run_status in _STOPPED else c.completed.status,
                 output=output,
                 planner_reason=c.planned.reason if c.planned is not None else "",
                 cost_usd=totals.cost_usd_exact,
@@ -390,6 +395,38 @@ def _context(world: World, loop: OuterLoop, cycle: int) -> LoopContext:
     )
 
 
+def _recorded_context(given: object) -> LoopContext | None:
+    """The :class:`LoopContext` whose JSON a planner run's input holds (``given["context"]``),
+    or None when it holds none that reads as one."""
+    data = given.get("context") if isinstance(given, Mapping) else None
+    try:
+        assert isinstance(data, Mapping)
+        outcomes = []
+        for c in data["cycles"]:
+            cost = c["cost_usd"]
+            outcomes.append(
+                CycleOutcome(
+                    cycle=c["cycle"],
+                    run_id=c["run_id"],
+                    status=c["status"],
+                    output=c["output"],
+                    planner_reason=c["planner_reason"],
+                    cost_usd=None if cost is None else Decimal(cost),
+                    unpriced_calls=c["unpriced_calls"],
+                )
+            )
+        context = LoopContext(
+            outer_loop_id=data["outer_loop_id"],
+            cycle=data["cycle"],
+            input=data["input"],
+            cycles=tuple(outcomes),
+        )
+    except (AssertionError, KeyError, TypeError, ArithmeticError):
+        return None
+    # Exactly what the planner was given, or not that context at all.
+    return context if context.to_json() == data else None
+
+
 def loop_view(world: World, loop: OuterLoop) -> dict[str, JSONValue]:
     """The manifest view of ``loop``: ``outer-loops/<id>.json``, and ``little replay --loop``.
 
@@ -397,6 +434,11 @@ def loop_view(world: World, loop: OuterLoop) -> dict[str, JSONValue]:
     cycles that ended, which no longer change), so it is a function of the
     loop's version.
     """
+    _check_world(world, "loop_view")
+    if not isinstance(loop, OuterLoop):
+        raise OuterLoopRequestError(
+            f"loop_view needs an OuterLoop (from load_outer_loop), got {type(loop).__name__}"
+        )
     started = loop.started
     if started is None:
         raise RunStateError(f"outer loop stream {loop.id} has no outer_loop.started event")
@@ -451,6 +493,7 @@ def encode_view(view: Mapping[str, JSONValue]) -> bytes:
 
 def list_outer_loops(world: World) -> tuple[OuterLoop, ...]:
     """Every outer loop of ``world``, in the order they started."""
+    _check_world(world, "list_outer_loops")
     return tuple(world.outer_loops())
 
 
@@ -459,6 +502,7 @@ def load_outer_loop(world: World, outer_loop_id: str) -> OuterLoop:
 
     Raises :class:`~little_es.errors.OuterLoopNotFoundError` when the world has none.
     """
+    _check_world(world, "load_outer_loop")
     loop = world.load_outer_loop(validate_outer_loop_id(outer_loop_id))
     if loop is None or loop.started is None:
         raise OuterLoopNotFoundError(outer_loop_id, world.name)
@@ -559,9 +603,25 @@ class _Driver:
         self.log.info("outer loop cycle started", cycle=number)
         return self.loop.cycles[number]
 
+    def planner_context(self, cycle: LoopCycle) -> LoopContext:
+        """The context ``cycle``'s planner was given, as its run's input records it; computed
+        now when that run has not started.
+
+        Not computed again once given: its dollars are priced when read, so a price
+        recorded since (``set_model_price``) would change it, and the prompt rendered from
+        it, though no code changed.
+        """
+        recorder = RunRecorder.load(self.world, cycle.started.planner_run_id)
+        if recorder is not None:
+            fold = recorder.fold
+            recorded = _recorded_context(read_output(self.world, fold.input, fold.input_ref))
+            if recorded is not None:
+                return recorded
+        return _context(self.world, self.loop, cycle.number)
+
     def drifted(self, cycle: LoopCycle) -> bool:
         """Abandon ``cycle`` (and return True) when its planner manifest is no longer the code's."""
-        context = _context(self.world, self.loop, cycle.number)
+        context = self.planner_context(cycle)
         manifest, manifest_hash = self.planner.manifest(context, self.workflow)
         old = cycle.started
         if manifest_hash == old.planner_manifest_hash:
@@ -578,36 +638,60 @@ class _Driver:
         )
         self.save()
         self.log.warning("outer loop cycle abandoned: planner drift", cycle=cycle.number)
-        # Its unfinished runs are cancelled (never resumed by accident, not listed as
-        # running forever); after the loop's own record, which is the truth of it.
+        self.cancel_runs(cycle)
+        return True
+
+    def cancel_runs(self, cycle: LoopCycle) -> None:
+        """Cancel the unfinished runs of the abandoned ``cycle`` (never resumed by accident,
+        not listed as running for ever).
+
+        After the loop's own record, which is the truth of it: a process killed in
+        between leaves them to the next one (:meth:`drive`).
+        """
         for run_id in _cycle_runs(cycle):
             status, _ = _run_fold_status(self.world, run_id)
-            if status is not None and status not in (*_FINISHED, "cancelled"):
+            if status is not None and status not in (*_FINISHED, *_STOPPED):
                 cancel_run(
                     self.world,
                     run_id,
                     reason=f"outer loop cycle {cycle.number} abandoned: its planner drifted",
                     requested_by=f"outer loop {self.started.outer_loop_id}",
                 )
-        return True
+
+    async def finish(
+        self, workflow: Workflow, given: Mapping[str, Any] | None, run_id: str
+    ) -> tuple[str, Any]:
+        """Run (or resume) ``run_id`` to its end; its outcome (``completed`` or ``failed``)
+        and output.
+
+        A run that stopped for good (:data:`_STOPPED`) is ``failed``, found before or
+        after the engine ran it (which engine raises what for it differs); any other stop
+        propagates, and a resume continues.
+        """
+        status, output = _run_fold_status(self.world, run_id)
+        if status in _FINISHED:
+            return status, output
+        if status not in _STOPPED:
+            try:
+                return "completed", await self.engine.run(
+                    self.world, workflow, given, run_id=run_id
+                )
+            except RunFailedError:
+                return "failed", None
+            except Exception:
+                if _run_fold_status(self.world, run_id)[0] not in _STOPPED:
+                    raise
+        self.log.warning("outer loop run stopped for good: its cycle failed", run_id=run_id)
+        return "failed", None
 
     async def plan(self, cycle: LoopCycle) -> None:
         """Run (or resume) the cycle's planner and record its decision (or its failure)."""
         run_id = cycle.started.planner_run_id
-        status, output = _run_fold_status(self.world, run_id)
-        if status not in _FINISHED:
-            given = None
-            if status is None:
-                context = _context(self.world, self.loop, cycle.number)
-                given = {"prompt": self.planner.render(context), "context": context.to_json()}
-            try:
-                output = await self.engine.run(
-                    self.world, self.planner.workflow, given, run_id=run_id
-                )
-            except RunFailedError:
-                status = "failed"
-            else:
-                status = "completed"
+        given = None
+        if not self.world.run_exists(run_id):
+            context = _context(self.world, self.loop, cycle.number)
+            given = {"prompt": self.planner.render(context), "context": context.to_json()}
+        status, output = await self.finish(self.planner.workflow, given, run_id)
         if status == "failed":
             self.loop.trigger(
                 OuterLoopCycleCompleted, cycle=cycle.number, run_id=run_id, status="failed"
@@ -626,21 +710,11 @@ class _Driver:
     async def run_cycle(self, cycle: LoopCycle) -> None:
         """Run (or resume) the cycle's run and record its outcome."""
         run_id = cycle.started.run_id
-        status, _ = _run_fold_status(self.world, run_id)
-        if status not in _FINISHED:
+        given = None
+        if not self.world.run_exists(run_id):
             decision_output = _run_fold_status(self.world, cycle.started.planner_run_id)[1]
-            decision = PlannerDecision.model_validate(decision_output)
-            try:
-                await self.engine.run(
-                    self.world,
-                    self.workflow,
-                    decision.input if status is None else None,
-                    run_id=run_id,
-                )
-            except RunFailedError:
-                status = "failed"
-            else:
-                status = "completed"
+            given = PlannerDecision.model_validate(decision_output).input
+        status, _ = await self.finish(self.workflow, given, run_id)
         outcome: Literal["completed", "failed"] = "completed" if status == "completed" else "failed"
         self.loop.trigger(
             OuterLoopCycleCompleted, cycle=cycle.number, run_id=run_id, status=outcome
@@ -655,12 +729,15 @@ class _Driver:
         return cycle.started.planner_run_id if cycle.planned is None else cycle.started.run_id
 
     async def drive(self) -> None:
+        for abandoned in self.loop.cycles.values():
+            if abandoned.abandoned is not None:
+                self.cancel_runs(abandoned)
         pending = self.loop.pending_cycle
         if pending is not None:
             # Drift is looked for in the cycle this process found pending, unless what
             # it continues with already finished (then nothing of the old plan runs).
             status, _ = _run_fold_status(self.world, self.phase_run_id(pending))
-            if status not in _FINISHED:
+            if status not in (*_FINISHED, *_STOPPED):
                 self.drifted(pending)
         while self.loop.completed is None:
             cycle = self.loop.pending_cycle
@@ -675,6 +752,14 @@ class _Driver:
                 await self.plan(cycle)
             else:
                 await self.run_cycle(cycle)
+
+
+def _check_world(world: object, what: str) -> None:
+    if not isinstance(world, World):
+        raise OuterLoopRequestError(
+            f"{what} needs a little_es World, got {type(world).__name__}: open one with"
+            " open_world(), local_world(path) or memory_world()"
+        )
 
 
 def _check_request(
@@ -696,9 +781,19 @@ def _check_request(
             " with Workflow(id, steps=[...])"
         )
     if max_cycles is not None and (
-        isinstance(max_cycles, bool) or not isinstance(max_cycles, int) or max_cycles < 1
+        isinstance(max_cycles, bool)
+        or not isinstance(max_cycles, int)
+        or not 1 <= max_cycles < 2**63
     ):
-        raise OuterLoopRequestError(f"max_cycles must be an integer >= 1, got {max_cycles!r}")
+        # Not repr: past 4,300 digits Python refuses to print an int.
+        given = (
+            f"an integer of {max_cycles.bit_length()} bits"
+            if isinstance(max_cycles, int) and max_cycles.bit_length() > 64
+            else repr(max_cycles)
+        )
+        raise OuterLoopRequestError(
+            f"max_cycles must be an integer from 1 to 2**63 - 1, got {given}"
+        )
     if budget_usd is not None and (
         isinstance(budget_usd, bool)
         or not isinstance(budget_usd, int | float | Decimal)
@@ -800,8 +895,11 @@ async def run_outer_loop(
     :class:`~little_es.errors.OuterLoopMismatchError` otherwise). A pending
     cycle whose planner manifest changed is abandoned and a fresh one starts.
     Raises :class:`~little_es.errors.ConcurrentRunError` when another process
-    drives the loop; errors of the cycles' runs that stop them (integrity
-    refusals, cancels, budgets of a run) propagate, and a resume continues.
+    drives the loop. A planner or cycle run that stopped for good (cancelled,
+    timed out waiting for a signal, out of its own budget: a resume of it would
+    stop the same way) is a failed cycle, and the planner sees the run's status;
+    what stops a run otherwise (an integrity refusal, a wait for a signal)
+    propagates, and a resume continues.
 
     ``engine`` runs each cycle's planner run and cycle run: :class:`LocalEngine`
     (the default, in this process) or ``little_es_temporal.TemporalEngine``
@@ -811,6 +909,7 @@ async def run_outer_loop(
     that the engine lacks is refused before anything is recorded
     (:class:`~little_es.errors.EngineUnsupportedError`).
     """
+    _check_world(world, "run_outer_loop")
     _check_request(planner, workflow, max_cycles, budget_usd, input, on_cycle_failure)
     if engine is None:
         engine = LocalEngine()

@@ -14,11 +14,13 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+from pydantic import BaseModel
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -32,17 +34,22 @@ from little_es import (
     OuterLoopRequestError,
     Planner,
     RunEngine,
+    RunWaitingError,
     ScriptedModel,
     ScriptedReply,
     StepContext,
+    Usage,
     Workflow,
     World,
+    agent,
+    cancel_run,
     list_outer_loops,
     load_outer_loop,
     loop_view,
     run_outer_loop,
     run_outer_loop_sync,
     task,
+    wait_for,
 )
 from little_es.cli import app
 from little_es.events import OuterLoopCycleAbandoned
@@ -286,7 +293,7 @@ def test_a_resume_with_other_settings_is_refused_and_appends_nothing(tmp_path: P
     [
         ({"planner": "me"}, "planner must be a little_es Planner"),
         ({"workflow": 3}, "workflow must be a little_es Workflow"),
-        ({"max_cycles": 0}, "max_cycles must be an integer >= 1"),
+        ({"max_cycles": 0}, "max_cycles must be an integer from 1 to 2\\*\\*63 - 1"),
         ({"budget_usd": float("nan")}, "budget_usd must be a positive number"),
         ({"budget_usd": -1}, "budget_usd must be a positive number"),
         ({"input": {"x": object()}}, "input"),
@@ -518,6 +525,150 @@ def test_drift_of_the_planner_abandons_the_pending_cycle_and_starts_a_fresh_one(
         assert runs["model loop_d 1 1"] == 1, "a completed cycle's planner is never re-called"
         out = _report(world, "loop_d")
         assert "abandoned" in out and abandoned.changes[0] in out
+
+
+# ------------------------------------------------- runs that wait, stop, or are priced
+
+
+class _Go(BaseModel):
+    ok: bool
+
+
+def _think(request: ModelRequest) -> ModelResponse:
+    usage = Usage(input_tokens=500, output_tokens=50)
+    return ModelResponse(content="done", usage=usage, provider="vllm", model="worker-1")
+
+
+def _waiting(timeout: float | None = None) -> Workflow:
+    """A cycle's workflow whose run spends on a model, then waits for the signal ``go``."""
+    return Workflow(
+        "improve",
+        steps=[
+            task("work", proc.work),
+            agent("think", model=ScriptedModel(respond=_think), prompt="think"),
+            wait_for("approve", signal="go", model=_Go, timeout=timeout),
+        ],
+    )
+
+
+def _until_waiting(world: World, loop_id: str, workflow: Workflow, **settings: Any) -> str:
+    """Drive the loop until a cycle's run waits; that run's id."""
+    with pytest.raises(RunWaitingError) as waiting:
+        run_outer_loop_sync(
+            world,
+            planner=proc.make_planner(),
+            workflow=workflow,
+            outer_loop_id=loop_id,
+            **settings,
+        )
+    return waiting.value.run_id
+
+
+def test_a_price_recorded_meanwhile_is_not_drift_of_the_pending_cycle() -> None:
+    """The dollars in the planner's context are priced when read; a price recorded for calls
+    already made changes them, but not the context the pending cycle's planner was given."""
+    with memory_world() as world:
+        wf = _waiting()
+        assert _until_waiting(world, "loop_p", wf, max_cycles=3) == "loop_p.cycle-1"
+        world.signal("loop_p.cycle-1", "go", {"ok": True})
+        assert _until_waiting(world, "loop_p", wf) == "loop_p.cycle-2"
+        world.set_model_price(
+            "vllm",
+            "worker-1",
+            input_per_mtok=1,
+            output_per_mtok=2,
+            effective_from=datetime(2020, 1, 1, tzinfo=UTC),
+        )
+        world.signal("loop_p.cycle-2", "go", {"ok": True})
+        result = run_outer_loop_sync(
+            world, planner=proc.make_planner(), workflow=wf, outer_loop_id="loop_p"
+        )
+        assert result.reason == "planner_done"
+        assert [c.status for c in result.cycles] == ["completed", "completed", "done"]
+        # The third planner is given the dollars as priced now.
+        third = load_outer_loop(world, "loop_p").cycles[3].started.planner_manifest
+        assert (
+            third["outer_loop_context_hash"]
+            != load_outer_loop(world, "loop_p").cycles[2].started.outer_loop_context_hash
+        )
+
+
+class _Killed(BaseException):
+    """The process dies right after the loop recorded an abandoned cycle."""
+
+
+def test_a_kill_between_the_abandon_and_the_cancel_is_made_good_by_the_next_resume(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from little_es.outer_loop import _Driver
+
+    with memory_world() as world:
+        wf = _waiting()
+        _until_waiting(world, "loop_k", wf, max_cycles=3)
+        world.signal("loop_k.cycle-1", "go", {"ok": True})
+        assert _until_waiting(world, "loop_k", wf) == "loop_k.cycle-2"
+
+        def die(self: Any, cycle: Any) -> None:
+            raise _Killed
+
+        with monkeypatch.context() as mp:
+            mp.setattr(_Driver, "cancel_runs", die)
+            with pytest.raises(_Killed):
+                run_outer_loop_sync(
+                    world, planner=proc.make_planner("v2"), workflow=wf, outer_loop_id="loop_k"
+                )
+        assert load_outer_loop(world, "loop_k").cycles[2].status == "abandoned"
+        assert replay_run(world, "loop_k.cycle-2").state.status == "waiting"
+        assert _until_waiting(world, "loop_k", wf) == "loop_k.cycle-3"
+        abandoned = replay_run(world, "loop_k.cycle-2").state
+        assert abandoned.status == "cancelled"
+        assert abandoned.stop_reason == "outer loop cycle 2 abandoned: its planner drifted"
+
+
+@pytest.mark.parametrize("stop", ["timed_out", "cancelled"])
+@pytest.mark.parametrize("policy", ["stop", "continue"])
+def test_a_cycle_run_that_stopped_for_good_is_a_failed_cycle(stop: str, policy: str) -> None:
+    """A resume of a run that timed out or was cancelled stops the same way again: the
+    cycle fails, and the loop goes on as ``on_cycle_failure`` says."""
+    with memory_world() as world:
+        wf = _waiting(timeout=0.2 if stop == "timed_out" else None)
+        settings: dict[str, Any] = {"max_cycles": 3, "on_cycle_failure": policy}
+        assert _until_waiting(world, "loop_s", wf, **settings) == "loop_s.cycle-1"
+        if stop == "timed_out":
+            time.sleep(0.3)
+        else:
+            cancel_run(world, "loop_s.cycle-1", reason="not needed")
+        if policy == "stop":
+            result = run_outer_loop_sync(
+                world, planner=proc.make_planner(), workflow=wf, outer_loop_id="loop_s"
+            )
+            assert result.reason == "cycle_failed"
+            assert [c.status for c in result.cycles] == ["failed"]
+        else:
+            assert _until_waiting(world, "loop_s", wf) == "loop_s.cycle-2"
+            loop = load_outer_loop(world, "loop_s")
+            assert loop.cycles[1].status == "failed"
+            # The planner of the next cycle sees how the run ended.
+            given = replay_run(world, "loop_s.cycle-2.plan").state.input
+            assert [c["status"] for c in given["context"]["cycles"]] == [stop]
+        assert replay_run(world, "loop_s.cycle-1").state.status == stop
+
+
+def test_the_loop_functions_refuse_what_is_not_a_world() -> None:
+    with pytest.raises(OuterLoopRequestError, match="run_outer_loop needs a little_es World"):
+        run_outer_loop_sync(
+            "sqlite:///x",  # type: ignore[arg-type]
+            planner=proc.make_planner(),
+            workflow=proc.improve,
+            outer_loop_id="loop_w",
+            max_cycles=1,
+        )
+    with pytest.raises(OuterLoopRequestError, match="list_outer_loops needs"):
+        list_outer_loops(None)  # type: ignore[arg-type]
+    with pytest.raises(OuterLoopRequestError, match="load_outer_loop needs"):
+        load_outer_loop(None, "loop_w")  # type: ignore[arg-type]
+    with memory_world() as world, pytest.raises(OuterLoopRequestError, match="an OuterLoop"):
+        loop_view(world, "loop_w")  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------- CLI
