@@ -544,6 +544,18 @@ def test_a_tampered_source_is_refused_and_nothing_reaches_stdout(
     assert not list(tmp_path.glob("x*")), "a refused export leaves no file behind"
 
 
+def test_an_export_to_a_path_that_cannot_be_written_exits_1_with_one_line(
+    tmp_path: Path,
+) -> None:
+    local_world(tmp_path / "w").close()
+    (tmp_path / "a-file").write_text("not a directory")
+    for where in (tmp_path / "missing" / "x.jsonl", tmp_path / "a-file" / "x.jsonl"):
+        done = _little("export", "--world", f"sqlite:///{tmp_path / 'w'}", "-o", str(where))
+        assert done.returncode == 1
+        assert done.stderr.decode().startswith(f"error: cannot write {where}: ")
+        assert "Traceback" not in done.stderr.decode()
+
+
 def test_snapshots_travel_and_stand_on_their_events(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

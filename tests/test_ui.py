@@ -423,3 +423,14 @@ def test_the_loop_pages_show_a_pending_cycle_unpriced_calls_and_escape_reasons()
     ]
     with pytest.raises(OuterLoopNotFoundError):
         loop_page(world, "loop_none")
+
+
+def test_a_port_outside_the_tcp_range_is_refused_by_the_cli() -> None:
+    from typer.testing import CliRunner
+
+    from little_es.cli import app
+
+    for port in ("65536", "-1"):
+        result = CliRunner().invoke(app, ["ui", "--world", "memory://", "--port", port])
+        assert result.exit_code == 2, result.output
+        assert "--port" in result.output

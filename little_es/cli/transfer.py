@@ -45,12 +45,17 @@ def export_command(
             # never leaves a file that looks like one.
             partial = output.with_name(output.name + ".partial")
             try:
-                with partial.open("wb") as out, progress_bar(Console(stderr=True)) as tell:
-                    counts = export_world(w, out, progress=tell)
-            except BaseException:
-                partial.unlink(missing_ok=True)
-                raise
-            partial.replace(output)
+                try:
+                    with partial.open("wb") as out, progress_bar(Console(stderr=True)) as tell:
+                        counts = export_world(w, out, progress=tell)
+                except BaseException:
+                    with contextlib.suppress(OSError):  # its directory may not be there
+                        partial.unlink(missing_ok=True)
+                    raise
+                partial.replace(output)
+            except OSError as exc:
+                typer.echo(f"error: cannot write {output}: {exc.strerror or exc}", err=True)
+                raise typer.Exit(1) from None
         render_transfer(
             "exported", counts, w.name, Console(stderr=True, highlight=False, soft_wrap=True)
         )

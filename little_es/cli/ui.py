@@ -13,7 +13,9 @@ __all__ = ["ui_command"]
 
 def ui_command(
     world: WorldOption = None,
-    port: Annotated[int, typer.Option("--port", help="The port to serve on.", min=0)] = 8008,
+    port: Annotated[
+        int, typer.Option("--port", help="The port to serve on.", min=0, max=65535)
+    ] = 8008,
     host: Annotated[
         str, typer.Option("--host", help="The address to serve on (local only by default).")
     ] = "127.0.0.1",
