@@ -11,6 +11,8 @@ answered from the log (the model's and the ledger's counts say so).
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -23,7 +25,14 @@ from little_es.errors import (
     RunFailedError,
     RuntimeIntegrityError,
 )
-from little_es.events import ModelResponded, RunFailed, SessionStarted, StepFailed
+from little_es.events import (
+    ModelResponded,
+    RunFailed,
+    SessionStarted,
+    StepCompleted,
+    StepFailed,
+    StepStarted,
+)
 from little_es.harness import session as session_module
 from little_es.harness.manifest import PROMPT_KEY, compute_manifest
 from little_es.harness.model import ScriptedModel, ScriptedReply
@@ -31,7 +40,7 @@ from little_es.harness.tools import Tool, ToolContext, tool
 from little_es.ids import session_stream_id
 from little_es.replay import replay_run
 from little_es.values import ToolCall, Usage
-from little_es.workflow.authoring import Workflow, agent, subworkflow, task
+from little_es.workflow.authoring import Workflow, agent, parallel, subworkflow, task
 from little_es.workflow.context import StepContext
 from little_es.world import World
 
@@ -294,3 +303,44 @@ async def test_a_genuine_step_failure_is_still_recorded(world: World) -> None:
         await run_workflow(world, wf, {}, run_id=RUN)
     log = world.read_run_log(RUN)
     assert [type(e) for e in log if isinstance(e, StepFailed | RunFailed)][-1] is RunFailed
+
+
+async def test_a_refusal_in_one_branch_stops_the_others_before_they_append_or_start(
+    world: World,
+) -> None:
+    """Branch ``a`` refuses while ``b`` is running and ``c`` waits for its turn: ``b`` is
+    stopped with its step in flight (as a kill leaves it), ``c`` never starts, and the
+    refusal is raised at once, not after the others ran to their end."""
+    refuse = {"on": True}
+    ran: list[str] = []
+
+    async def work(ctx: StepContext) -> str:
+        ran.append(ctx.step_path)
+        if ctx.branch_key == "a":
+            await asyncio.sleep(0.05)
+            if refuse["on"]:
+                raise ConversationDivergedError("stands for a refusal found inside the step")
+        elif ctx.branch_key == "b" and refuse["on"]:
+            await asyncio.sleep(5)
+        return ctx.branch_key or ""
+
+    group = parallel(
+        "fan", branches=lambda ctx: ["a", "b", "c"], step=task("work", work), max_concurrency=2
+    )
+    wf = Workflow("refusals_fan", version="1", steps=[group])
+    started = time.monotonic()
+    with pytest.raises(ConversationDivergedError):
+        await run_workflow(world, wf, {}, run_id=RUN)
+    assert time.monotonic() - started < 3, "the other branches ran on after the refusal"
+    assert sorted(ran) == ["fan[a]/work", "fan[b]/work"]
+    log = world.read_run_log(RUN)
+    assert not [e for e in log if isinstance(e, StepCompleted | StepFailed | RunFailed)]
+    assert sorted(e.step_path for e in log if isinstance(e, StepStarted)) == [
+        "fan",
+        "fan[a]/work",
+        "fan[b]/work",
+    ]
+    # Once the cause is gone, the in-flight branches run again and the third starts.
+    refuse["on"] = False
+    result = await run_workflow(world, wf, run_id=RUN)
+    assert result.output == {"a": "a", "b": "b", "c": "c"}

@@ -40,7 +40,11 @@ from little_es_temporal import (
     create_worker,
     start_run,
 )
-from little_es_temporal.workflow import SUB_RUN_LIMIT_PATCH, SUBWORKFLOW_PATCH
+from little_es_temporal.workflow import (
+    BRANCH_REFUSAL_PATCH,
+    SUB_RUN_LIMIT_PATCH,
+    SUBWORKFLOW_PATCH,
+)
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowHistory
 from temporalio.exceptions import ActivityError
 from temporalio.service import RPCError
@@ -51,7 +55,12 @@ from little_es import set_max_worker_threads
 from little_es._threads import DEFAULT_MAX_WORKER_THREADS
 from little_es.engine.executor import sub_run_id_for
 from little_es.engine.local import run_workflow
-from little_es.errors import EngineUnsupportedError, RunFailedError, VisitLimitError
+from little_es.errors import (
+    ConversationDivergedError,
+    EngineUnsupportedError,
+    RunFailedError,
+    VisitLimitError,
+)
 from little_es.events import Event, StepStarted
 from little_es.faults import CRASH_AFTER_EVENT
 from little_es.harness.model import ScriptedModel, ScriptedReply
@@ -1368,6 +1377,75 @@ async def test_max_concurrency_bounds_a_groups_branches_on_temporal_as_locally(
     for sub_run_id in reserved:
         child = await client.get_workflow_handle(sub_run_id).describe()
         assert child.status is not None and child.status.name == "COMPLETED"
+    await _replay_history(history)
+
+
+# ------------------------------------------------------ a refusal in one branch on Temporal
+
+_REFUSE = {"on": True}
+
+
+async def _refuse_in_a(ctx: StepContext) -> str:
+    if ctx.branch_key == "a":
+        await asyncio.sleep(0.1)
+        if _REFUSE["on"]:
+            raise ConversationDivergedError("stands for a refusal found inside the step")
+    elif ctx.branch_key == "b" and _REFUSE["on"]:
+        await asyncio.sleep(3)
+    return ctx.branch_key or ""
+
+
+_REFUSING_FAN = Workflow(
+    "t_refusing_fan",
+    version="1",
+    steps=[
+        parallel(
+            "fan",
+            branches=lambda ctx: ["a", "b", "c"],
+            step=task("work", _refuse_in_a),
+            max_concurrency=2,
+        )
+    ],
+)
+
+
+@pytest.mark.backends("memory")
+async def test_a_refusal_in_one_branch_stops_the_others_on_temporal_as_locally(
+    client: Client, world: World
+) -> None:
+    """The workflow fails with the refusal at once: the branch waiting for its turn never
+    starts, and the running one's activity is cancelled (it runs on to its end in the
+    worker, which no workflow code can stop without a heartbeat)."""
+    _REFUSE["on"] = True
+    queue = _queue()
+    async with create_worker(client, world, workflows=[_REFUSING_FAN], task_queue=queue):
+        handle = await start_run(client, _REFUSING_FAN, run_id="run_refusing", task_queue=queue)
+        started = time.monotonic()
+        with pytest.raises(WorkflowFailureError) as failure:
+            await asyncio.wait_for(handle.result(), 60)
+        assert time.monotonic() - started < 2.5, "the workflow waited for the other branches"
+        cause = failure.value.cause
+        assert isinstance(cause, ActivityError)
+        assert getattr(cause.cause, "type", None) == "ConversationDivergedError"
+        history = await handle.fetch_history()
+        started_paths = {
+            e.step_path for e in world.read_run_log("run_refusing") if isinstance(e, StepStarted)
+        }
+        assert "fan[c]/work" not in started_paths
+        _REFUSE["on"] = False
+        again = await start_run(client, _REFUSING_FAN, run_id="run_refusing", task_queue=queue)
+        assert (await asyncio.wait_for(again.result(), 60)).output == {
+            "a": "a",
+            "b": "b",
+            "c": "c",
+        }
+    markers = [
+        str(e.marker_recorded_event_attributes)
+        for e in history.events
+        if e.HasField("marker_recorded_event_attributes")
+    ]
+    # The patch marker stands where the cancels follow, so older histories replay as before.
+    assert len(markers) == 1 and BRANCH_REFUSAL_PATCH in markers[0]
     await _replay_history(history)
 
 

@@ -79,6 +79,7 @@ with workflow.unsafe.imports_passed_through():
     )
 
 __all__ = [
+    "BRANCH_REFUSAL_PATCH",
     "SUBWORKFLOW_PATCH",
     "SUB_RUNS_PATCH",
     "SUB_RUN_LIMIT_PATCH",
@@ -129,6 +130,12 @@ SUB_RUNS_PATCH = "little_es.step-hosted-sub-runs"
 SUB_RUN_LIMIT_PATCH = "little_es.sub-run-max-concurrency"
 """The patch id of a step's child workflows started at most ``max_concurrency`` at once."""
 
+BRANCH_REFUSAL_PATCH = "little_es.refusal-cancels-branches"
+"""The patch id of a parallel group whose other branches are cancelled when one refuses.
+
+Asked only when a branch refused, so a history records the marker only where the
+cancels follow it; one from before replays with every branch run to its end."""
+
 SUBWORKFLOW_PATCH = "little_es.hosted-subworkflow-steps"
 """The patch id of subworkflow steps run as a step activity through the sub-run host."""
 
@@ -168,6 +175,10 @@ def _refused(error: BaseException) -> ApplicationError | None:
             return inner
         inner = getattr(inner, "cause", None)
     return None
+
+
+def _refusal_cancels_branches(error: BaseException) -> bool:
+    return _refused(error) is not None and workflow.patched(BRANCH_REFUSAL_PATCH)
 
 
 def _describe(error: BaseException) -> ErrorInfo:
@@ -383,7 +394,12 @@ class LittleRunWorkflow:
         async def branch(key: str) -> StepDone:
             return await self._leaf(inner, branch_path(step, key, visit))
 
-        await gather_branches(plan.branch_keys, step.max_concurrency, branch)
+        await gather_branches(
+            plan.branch_keys,
+            step.max_concurrency,
+            branch,
+            stops_all=_refusal_cancels_branches,
+        )
         done: StepDone = await self._bookkeeping(
             COMPLETE_GROUP, StepInput(run_id=self._run_id, step_path=path), StepDone
         )

@@ -56,6 +56,7 @@ from little_es.errors import (
     RunFailedError,
     RunRequestError,
     RunStoppedError,
+    RuntimeIntegrityError,
     RunWaitingError,
     VisitLimitError,
 )
@@ -331,9 +332,15 @@ class _Scheduler:
         async def branch(key: str) -> Any:
             return await self._step(inner, branch_path(group.ir, key, visit), 1, branch_set[key])
 
-        outputs = await gather_branches(plan.keys, group.max_concurrency, branch)
+        outputs = await gather_branches(
+            plan.keys, group.max_concurrency, branch, stops_all=_is_refusal
+        )
         done = await self.executor.complete_group(group, path, visit, outputs, hold=True)
         return done.output(self.world)
+
+
+def _is_refusal(error: BaseException) -> bool:
+    return isinstance(error, RuntimeIntegrityError)
 
 
 async def run_workflow(

@@ -115,20 +115,45 @@ class Walk:
 
 
 async def gather_branches(
-    keys: Sequence[str], max_concurrency: int | None, run: Callable[[str], Awaitable[T]]
+    keys: Sequence[str],
+    max_concurrency: int | None,
+    run: Callable[[str], Awaitable[T]],
+    *,
+    stops_all: Callable[[BaseException], bool] = lambda error: False,
 ) -> list[T]:
     """``run(key)`` for each branch key, at most ``max_concurrency`` at once (None: all).
 
     Every branch is awaited to its end before the first error is raised, so no
-    branch is left running behind the group's failure.
+    branch is left running behind the group's failure; the other branches' results
+    are committed meanwhile. Except for an error that ``stops_all`` (a refusal: the
+    engine must stop before it appends or executes anything more): the other
+    branches are cancelled at once (those waiting for their turn never start, a
+    running one is left with its call in flight, as a kill leaves it), awaited, and
+    that error is raised.
     """
     limit = asyncio.Semaphore(max_concurrency or max(len(keys), 1))
+    tasks: list[asyncio.Future[T]] = []
+    stopping: list[BaseException] = []
 
     async def branch(key: str) -> T:
-        async with limit:
-            return await run(key)
+        try:
+            async with limit:
+                return await run(key)
+        except Exception as exc:
+            if not stopping and stops_all(exc):
+                stopping.append(exc)
+                # In key order, never a set's: the Temporal workflow's commands must
+                # come out the same on every replay.
+                me = asyncio.current_task()
+                for task in tasks:
+                    if task is not me and not task.done():
+                        task.cancel()
+            raise
 
-    results = await asyncio.gather(*(branch(key) for key in keys), return_exceptions=True)
+    tasks.extend(asyncio.ensure_future(branch(key)) for key in keys)
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    if stopping:
+        raise stopping[0]
     done: list[T] = []
     for result in results:
         if isinstance(result, BaseException):
