@@ -21,6 +21,16 @@ tracking). A page that fails writes nothing, and two processes catching up at
 once cannot both apply a page: the tracking insert of the second one fails and
 it continues from the new position.
 
+The chain, row by row: the page's rows of every stream the model folds are
+checked before it is written, each against its own digest, the row before it
+(in the page, or the stored row it follows) and the stream's head (a row cut
+off the end of a stream is missing behind a head that names it). So a row
+deleted, moved or edited behind the world's back stops the catch-up with
+:class:`~little_es.errors.LogTamperedError` and the model stays at the page
+before, as ``replay_run`` refuses the run; once the log is restored, the next
+catch-up folds it. What takes a whole stream to see (a head edited on its own)
+is left to the reads that take one: resume, ``replay_run``, ``little verify``.
+
 Catching up after downtime: :meth:`RunsProjection.catch_up` reads every
 notification after the tracked position, however long ago it was written.
 SQLite has no subscriptions in eventsourcing, so this polling catch-up is how
@@ -43,8 +53,9 @@ from eventsourcing.persistence import IntegrityError, Notification, Tracking
 from eventsourcing.projection import Projection
 
 from little_es.backends.base import RunSummary, RunsView
+from little_es.chain import GENESIS, Row, check_rows, is_framed, row_digest
 from little_es.codec import PydanticMapper
-from little_es.errors import EventLogError, RunsProjectionError
+from little_es.errors import EventLogError, LogTamperedError, RunsProjectionError
 from little_es.events import Event, RunStarted, StepStarted
 from little_es.materialize import RunFold, WaitState, apply
 from little_es.world import World
@@ -133,12 +144,17 @@ class RunsProjection(Projection[RunsView]):
         owners = self.view.runs_of_streams({_stream_id(item) for item in items})
         new_owners: dict[UUID, str] = {}
         folds: dict[str, RunFold] = {}
+        rows: dict[UUID, list[Row]] = {}
         for item in items:
             stream = _stream_id(item)
             topic = item.topic if isinstance(item, Notification) else type(item).wire_name
             run_id = owners.get(stream)
             if run_id is None and topic != RunStarted.wire_name:
                 continue
+            if isinstance(item, Notification):
+                rows.setdefault(stream, []).append(
+                    (item.originator_version or 0, topic, item.state)
+                )
             event = item if isinstance(item, Event) else self._decode_for(item, run_id)
             if isinstance(event, RunStarted):
                 run_id = owners[stream] = new_owners[stream] = event.run_id
@@ -153,11 +169,55 @@ class RunsProjection(Projection[RunsView]):
             apply(fold, event)
             if isinstance(event, StepStarted) and event.session_id is not None:
                 owners[event.session_id] = new_owners[event.session_id] = run_id
+        for stream, stream_rows in rows.items():
+            self._check_chain(stream, stream_rows)
         self.view.commit({r: f.freeze() for r, f in folds.items()}, new_owners, tracking)
+
+    def _check_chain(self, stream: UUID, rows: Sequence[Row]) -> None:
+        """Refuse the page unless ``rows`` (one stream's, in order) follow the stored row
+        before the first and reach the stream's head (see the module)."""
+        first = rows[0][0]
+        prev = GENESIS
+        if first > 1:
+            before = self.world.app.recorder.select_events(stream, gt=first - 2, lte=first - 1)
+            if not before:
+                raise self._tampered(
+                    f"stream {stream}: version {first - 1} is missing (the next stored row is"
+                    f" version {first}); rows were deleted from the log"
+                )
+            if is_framed(before[0].state):
+                # (A row from before the chain is followed by one that links to GENESIS.)
+                prev = row_digest(before[0].state)
+        try:
+            check_rows(stream, rows, prev=prev)
+        except LogTamperedError as exc:
+            raise self._tampered(str(exc)) from exc
+        last = rows[-1][0]
+        head = self.world.backend.stream_head(stream)
+        # Rows and head are committed together: a head past the last row read names rows
+        # that must be stored after it (written since this page was read), or were cut off.
+        if (
+            head is not None
+            and head.version > last
+            and not self.world.has_events_after(stream, last)
+        ):
+            raise self._tampered(
+                f"stream {stream} ends at version {last} but was written up to version"
+                f" {head.version}: rows were deleted from the end of the log"
+            )
+
+    def _tampered(self, what: str) -> LogTamperedError:
+        return LogTamperedError(
+            f"runs read model of world {self.world.name}: {what}; nothing of this page was"
+            " folded: restore the world from a backup (`little verify --all` names every"
+            " break)"
+        )
 
     def _decode_for(self, notification: Notification, run_id: str | None) -> Event:
         try:
             return self._decode(notification)
+        except LogTamperedError as exc:
+            raise self._tampered(str(exc)) from exc
         except EventLogError as exc:
             owner = f"run {run_id!r}" if run_id else "a new run"
             raise RunsProjectionError(

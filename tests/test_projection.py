@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
+import sqlite3
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import orjson
 import pytest
 from eventsourcing.persistence import IntegrityError, StoredEvent, Tracking
 
+from little_es import projections
 from little_es.backends.base import RunSummary
 from little_es.domain import OuterLoop
-from little_es.errors import RunsProjectionError
+from little_es.errors import LogTamperedError, RunsProjectionError
 from little_es.events import OuterLoopStarted, utc_now
 from little_es.ids import run_stream_id
 from little_es.projections import RunsProjection, list_runs
 from little_es.replay import replay_run
 from little_es.testing.logs import RunWriter, append_raw_row, priced, unpriced, write_agent_run
-from little_es.world import World
+from little_es.world import World, local_world
 
 
 def _by_id(world: World) -> dict[str, RunSummary]:
@@ -162,7 +165,7 @@ def test_an_unframed_row_is_refused_as_a_whole_read_refuses_it(world: World) -> 
     forged = orjson.dumps({"timestamp": utc_now().isoformat(), "output": "forged"})
     world.app.recorder.insert_events([StoredEvent(stream, version, "RunCompleted", forged)])
     projection = RunsProjection(world)
-    with pytest.raises(RunsProjectionError, match="no chain frame"):
+    with pytest.raises(LogTamperedError, match="no chain frame"):
         projection.catch_up()
     assert projection.runs() == ()
 
@@ -214,3 +217,60 @@ def test_events_fed_one_by_one_give_the_same_model(world: World) -> None:
 def test_projection_needs_a_world() -> None:
     with pytest.raises(TypeError, match="World"):
         RunsProjection("memory://")  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ a tampered log
+
+
+def _tampered_copy(tmp_path: Path, where: str) -> tuple[Path, tuple[object, ...]]:
+    """A world of two runs; ``where`` of ``run_t``'s stream deleted (``"end"``: its last two
+    rows, ``"middle"``: its version 3); returns the data dir and the rows deleted."""
+    data_dir = tmp_path / "w"
+    with local_world(data_dir) as world:
+        write_agent_run(world, "run_ok", steps=1, calls_per_step=1)
+        write_agent_run(world, "run_t", steps=3, calls_per_step=1)
+    conn = sqlite3.connect(data_dir / "events.sqlite3", isolation_level=None)
+    (stream,) = conn.execute(
+        "SELECT id FROM little_es_streams WHERE stream_id = ?", (run_stream_id("run_t").hex,)
+    ).fetchone()
+    rows = conn.execute(
+        "SELECT rowid, stream, version, topic, state FROM little_es_events WHERE stream = ?"
+        " ORDER BY version",
+        (stream,),
+    ).fetchall()
+    deleted = tuple(rows[-2:] if where == "end" else rows[2:3])
+    conn.executemany("DELETE FROM little_es_events WHERE rowid = ?", [(r[0],) for r in deleted])
+    conn.close()
+    return data_dir, deleted
+
+
+@pytest.mark.parametrize("page", [1000, 2], ids=["one page", "pages of 2"])
+@pytest.mark.parametrize("where", ["end", "middle"])
+def test_rows_deleted_from_a_run_are_refused_and_the_model_stays_before_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str, page: int
+) -> None:
+    monkeypatch.setattr(projections, "_PAGE_SIZE", page)
+    data_dir, deleted = _tampered_copy(tmp_path, where)
+    assert deleted
+    with local_world(data_dir) as world:
+        projection = RunsProjection(world)
+        with pytest.raises(LogTamperedError, match="runs read model of world") as refused:
+            projection.catch_up()
+        assert "deleted" in str(refused.value) or "does not follow" in str(refused.value)
+        stuck = projection.position
+        with pytest.raises(LogTamperedError):
+            list_runs(world)
+        assert projection.position == stuck, "a refused page moved the position"
+    # Put back from a backup: the next catch-up folds the run as replay reads it.
+    conn = sqlite3.connect(data_dir / "events.sqlite3", isolation_level=None)
+    conn.executemany(
+        "INSERT INTO little_es_events (rowid, stream, version, topic, state)"
+        " VALUES (?, ?, ?, ?, ?)",
+        deleted,
+    )
+    conn.close()
+    with local_world(data_dir) as world:
+        runs = {s.run_id: s for s in list_runs(world)}
+        assert set(runs) == {"run_ok", "run_t"}
+        for summary in runs.values():
+            _assert_matches_replay(world, summary)
