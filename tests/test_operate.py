@@ -26,7 +26,7 @@ from little_es import (
 from little_es.cli import app
 from little_es.diff import diff_runs, json_diff
 from little_es.engine.local import run_workflow
-from little_es.errors import RuntimeIntegrityError, StepExecutionError
+from little_es.errors import ModelError, RuntimeIntegrityError, StepExecutionError
 from little_es.events import BudgetExceeded, RunFailed, StepFailed, ToolCallFailed
 from little_es.harness.model import ScriptedModel, ScriptedReply
 from little_es.harness.tools import ToolContext, tool
@@ -34,8 +34,8 @@ from little_es.orchestrator import run_tree, start_workflow_tool
 from little_es.pricing import register_model_price, unregister_model_price
 from little_es.render import render_diff, render_report
 from little_es.replay import replay_run
-from little_es.values import ModelRequest, ToolCall, Usage
-from little_es.workflow.authoring import Workflow, agent, subworkflow, task
+from little_es.values import ModelRequest, ModelResponse, ToolCall, Usage
+from little_es.workflow.authoring import RetryPolicy, Workflow, agent, parallel, subworkflow, task
 from little_es.workflow.context import StepContext
 from little_es.world import World
 
@@ -243,6 +243,67 @@ def test_an_agent_steps_own_budget_and_a_resume_that_raises_it(world: World) -> 
     assert larger.ir_hash == wf.ir_hash
     done = _run(world, larger, "run_step_budget")
     assert done.state.status == "completed" and model.calls == 5
+
+
+class _SlowModel:
+    """Answers after a moment, as a real model does: calls of parallel branches overlap."""
+
+    provider = "scripted"
+    model_id = "slow-1"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def complete(self, request: ModelRequest) -> Any:
+        self.calls += 1
+        await asyncio.sleep(0.05)
+        return ModelResponse(content="ok", usage=CALL_USAGE, provider="scripted", model="slow-1")
+
+
+@pytest.mark.parametrize("limit", [1, 3])
+def test_calls_in_flight_count_towards_the_budget_of_parallel_branches(
+    world: World, limit: int
+) -> None:
+    """Four branches ask at the same moment: a call in flight counts from when it starts,
+    so no more calls start than the budget has room for."""
+    model = _SlowModel()
+    group = parallel(
+        "fan",
+        branches=lambda ctx: ["a", "b", "c", "d"],
+        step=agent("ask", model=model, prompt=lambda ctx: f"branch {ctx.step_path}"),
+    )
+    wf = Workflow("budget-fan", steps=[group])
+    with pytest.raises(BudgetExceededError, match=f"spent {limit} model calls of a budget of"):
+        _run(world, wf, "run_fan_budget", {}, budget=Budget(model_calls=limit))
+    assert model.calls == limit
+    state = replay_run(world, "run_fan_budget").state
+    assert state.status == "budget_exceeded" and state.usage.calls == limit
+    # What was in flight was recorded: a larger budget runs only the branches left.
+    done = _run(world, wf, "run_fan_budget", budget=Budget(model_calls=4))
+    assert done.state.status == "completed" and model.calls == 4
+
+
+def test_a_model_call_that_raised_is_in_flight_no_more(world: World) -> None:
+    """The first call raises (nothing is spent); the retry's call fits a budget of one."""
+
+    class FailsOnce(_SlowModel):
+        async def complete(self, request: ModelRequest) -> Any:
+            if self.calls == 0:
+                self.calls += 1
+                raise ModelError("the provider is busy", retryable=True)
+            return await super().complete(request)
+
+    model = FailsOnce()
+    step = agent("ask", model=model, prompt="ask", retry=RetryPolicy(max_attempts=2))
+    done = _run(
+        world,
+        Workflow("budget-retry", steps=[step]),
+        "run_retry_budget",
+        {},
+        budget=Budget(model_calls=1),
+    )
+    assert done.state.status == "completed" and model.calls == 2
+    assert done.state.usage.calls == 1
 
 
 def test_the_run_budget_covers_its_sub_runs(world: World) -> None:

@@ -356,7 +356,11 @@ class _Recorder:
         guard = current_guard()
         if guard is not None:
             guard.before_model_call(self.step_path)
-        live: _pm.ModelResponse = await send()
+        try:
+            live: _pm.ModelResponse = await send()
+        finally:
+            if guard is not None:
+                guard.model_call_ended()
         response = _to_response(live, self.model)
         responded = session.trigger(
             ModelResponded, turn=turn, response=response, step_path=self.step_path

@@ -387,6 +387,13 @@ class BudgetTracker:
     """What a budget's scope has spent: its totals read from the log once, plus every model
     call counted since in this process.
 
+    A call counts towards ``model_calls`` from the moment it starts (:meth:`begin_call`)
+    until it returns or raises (:meth:`end_call`; :meth:`add` counts a response for good):
+    otherwise parallel branches checking at one moment would all pass, each starting a
+    call the limit has no room for. Its tokens and dollars are known only from its
+    response, so calls in flight together may pass a ``tokens`` or ``usd`` limit by what
+    they spend.
+
     A run's tracker counts the calls of its sub-runs driven in the same process
     too (their trackers are its children: :meth:`add` goes up the chain), and
     is checked with its ancestors' (:meth:`check`). Elsewhere (another worker,
@@ -415,6 +422,21 @@ class BudgetTracker:
         self._unpriced = base.unpriced_calls
         exact = base.cost_usd_exact
         self._pusd = 0 if exact is None else picodollars(exact)
+        self._in_flight = 0
+
+    def begin_call(self) -> None:
+        """Count a call that starts (see the class) until it responds or fails."""
+        tracker: BudgetTracker | None = self
+        while tracker is not None:
+            tracker._in_flight += 1
+            tracker = tracker.parent
+
+    def end_call(self) -> None:
+        """A call counted by :meth:`begin_call` returned or raised."""
+        tracker: BudgetTracker | None = self
+        while tracker is not None:
+            tracker._in_flight -= 1
+            tracker = tracker.parent
 
     def add(self, response: ModelResponse, at: datetime) -> None:
         """Count one call (priced as the reducer prices it: the world's pricer, at ``at``)."""
@@ -456,7 +478,9 @@ class BudgetTracker:
         tracker: BudgetTracker | None = self
         while tracker is not None:
             spent = tracker.spent()
-            why = tracker.budget.exceeded(spent)
+            # The calls in flight have started: the next one comes after them.
+            started = spent.model_copy(update={"calls": spent.calls + tracker._in_flight})
+            why = tracker.budget.exceeded(started)
             if why is not None:
                 raise BudgetExceededError(
                     run_id,
@@ -572,10 +596,20 @@ class StepGuard:
         return tuple(t for t in (self._step, run) if t is not None)
 
     def before_model_call(self, step_path: str) -> None:
-        """Stop a cancelled run, then one whose budget (the run's or the step's) is spent."""
+        """Stop a cancelled run, then one whose budget (the run's or the step's) is spent;
+        else count the call as started (:meth:`BudgetTracker.begin_call`)."""
         self.check_stop()
-        for tracker in self._trackers():
+        trackers = self._trackers()
+        for tracker in trackers:
             tracker.check(self.executor.run_id, self.step_path)
+        for tracker in trackers:
+            tracker.begin_call()
+
+    def model_call_ended(self) -> None:
+        """The call let through by :meth:`before_model_call` returned or raised: it is in
+        flight no more (:meth:`model_responded` counts a response for good)."""
+        for tracker in self._trackers():
+            tracker.end_call()
 
     def model_responded(self, response: ModelResponse, at: datetime) -> None:
         """Count the call towards the step's budget and the run's (and the run's parents')."""

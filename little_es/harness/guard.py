@@ -6,6 +6,9 @@ The engine that runs an agent step (:mod:`little_es.engine.executor`) sets a
 * :meth:`~CallGuard.before_model_call` right before a model is called (after
   the call's ``harness.model.called`` is committed), never for a turn answered
   from the log: it stops a cancelled run, and one whose budget is spent;
+* :meth:`~CallGuard.model_call_ended` once the call returned or raised: a call
+  counts from :meth:`~CallGuard.before_model_call` on, so calls made at once by
+  parallel steps are each checked against the others;
 * :meth:`~CallGuard.model_responded` for each response, so the guard counts
   the calls made since it read the totals from the log;
 * :meth:`~CallGuard.before_tool_calls` right before a batch of tool calls runs
@@ -45,6 +48,10 @@ class CallGuard(Protocol):
 
     def model_responded(self, response: ModelResponse, at: datetime) -> None:
         """Count a response just received (made at ``at``) towards the budgets."""
+        ...
+
+    def model_call_ended(self) -> None:
+        """The call :meth:`before_model_call` let through returned, raised or was cancelled."""
         ...
 
     def before_tool_calls(self, step_path: str) -> None:

@@ -457,7 +457,11 @@ class _SessionLoop:
         if guard is not None:
             guard.before_model_call(self.step_path)
         self.model_calls_made += 1
-        response = await self.model.complete(request)
+        try:
+            response = await self.model.complete(request)
+        finally:
+            if guard is not None:
+                guard.model_call_ended()
         if not isinstance(response, ModelResponse):
             raise SessionInputError(
                 f"{self._where(turn)}: {type(self.model).__name__}.complete returned"
