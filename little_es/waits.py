@@ -91,6 +91,10 @@ def tool_wait_id(step_path: str, attempt: int, call_id: str) -> str:
     return f"{step_path}#{attempt}:{call_id}"
 
 
+MAX_TIMEOUT_SECONDS = 100 * 365.25 * 86400
+"""The longest wait timeout: 100 years."""
+
+
 def check_timeout(what: str, timeout: object) -> float | None:
     """``timeout`` (seconds, or a ``timedelta``) as seconds > 0, or None; raises
     :class:`~little_es.errors.WorkflowDefinitionError` for anything else."""
@@ -104,6 +108,12 @@ def check_timeout(what: str, timeout: object) -> float | None:
         )
     if timeout == float("inf"):
         raise WorkflowDefinitionError(f"{what}: timeout must be finite (None: no timeout)")
+    if timeout > MAX_TIMEOUT_SECONDS:
+        # The deadline is a date: far enough out, it is past the last one a datetime holds.
+        raise WorkflowDefinitionError(
+            f"{what}: timeout must be at most {MAX_TIMEOUT_SECONDS:,.0f} seconds (100 years),"
+            f" got {timeout!r}; None waits with no deadline"
+        )
     return float(timeout)
 
 
@@ -132,6 +142,13 @@ def import_model(ref: str) -> type[BaseModel]:
         for part in qualname.split("."):
             found = getattr(found, part)
     except (ImportError, AttributeError, ValueError) as exc:
+        if module_name == "__main__":
+            # The script that ran the workflow defined it: no other program can import it.
+            raise SignalDataError(
+                f"the signal's model {ref} was defined in the script that ran the workflow,"
+                " which no other program can import: send the signal with world.signal(...)"
+                " from that script, or move the model to a module both can import"
+            ) from exc
         raise SignalDataError(
             f"the signal's model {ref} cannot be imported here ({exc}): send the signal from"
             " where the workflow's code is importable (its directory, or PYTHONPATH)"

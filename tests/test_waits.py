@@ -8,6 +8,7 @@ kill test, with real processes: ``test_waits_kill.py``.
 # No `from __future__ import annotations`: the test tools' hints must stay real objects.
 import asyncio
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -250,6 +251,11 @@ def test_wait_for_refuses_what_it_cannot_wait_for() -> None:
         wait_for("w", model=Local)
     with pytest.raises(WorkflowDefinitionError, match="timeout"):
         wait_for("w", model=Decision, timeout=-1)
+    # A deadline past the last date a datetime holds would fail the step when it waits.
+    for far in (1e13, 1e300, timedelta(days=999_999_999)):
+        with pytest.raises(WorkflowDefinitionError, match=r"at most 3,155,760,000 seconds"):
+            wait_for("w", model=Decision, timeout=far)
+    assert wait_for("w", model=Decision, timeout=timedelta(days=365 * 99)).ir.wait is not None
     with pytest.raises(WorkflowDefinitionError, match="signal"):
         wait_for("w", signal="no spaces", model=Decision)
     with pytest.raises(WorkflowDefinitionError):
@@ -595,3 +601,13 @@ def test_data_the_model_takes_but_json_cannot_hold_is_refused_unrecorded(world: 
     assert len(_events(world, "run_m")) == before
     world.signal("run_m", "m", {"value": "2.5"})
     assert _run(world, wf, "run_m").output == {"value": 2.5}
+
+
+def test_a_model_of_the_script_that_ran_the_workflow_says_where_to_send_the_signal() -> None:
+    from little_es.errors import SignalDataError
+    from little_es.waits import import_model
+
+    with pytest.raises(SignalDataError, match=r"with world\.signal\(\.\.\.\) from that script"):
+        import_model("__main__:Answer")
+    with pytest.raises(SignalDataError, match="cannot be imported here"):
+        import_model("no_such_module_here:Answer")
