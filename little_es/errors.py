@@ -46,6 +46,7 @@ handle a family::
     ├── StepExecutionError                   a step or the run stopped
     │   ├── VisitLimitError
     │   ├── RunFailedError                   retries ran out; resume once fixed
+    │   │   └── SubRunTimedOutError          a sub-run's wait timed out: its step's failure
     │   ├── TurnLimitExceededError
     │   ├── SubRunFailedError
     │   ├── OrchestratorContextError
@@ -330,6 +331,25 @@ class RunFailedError(StepExecutionError):
         super().__init__(
             f"run {run_id!r} failed at step {step_path!r}: {error.type}: {error.message}."
             " Fix the cause, then resume with the same run id"
+        )
+
+
+class SubRunTimedOutError(RunFailedError):
+    """A sub-run's wait timed out: the failure of the step that hosts it (a subworkflow step,
+    an orchestrator's ``start_workflow`` call), on either engine.
+
+    Not a stop that holds the parent's step in flight: every resume of the sub-run would
+    stop the same way. Not retryable, for the same reason: fork the sub-run, or change the
+    parent, to try again.
+    """
+
+    retryable = False
+
+    def __init__(self, stop: WaitTimedOutError) -> None:
+        super().__init__(
+            stop.run_id,
+            stop.step_path,
+            ErrorInfo(type=type(stop).__name__, message=str(stop), retryable=False),
         )
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 from little_es_temporal import StepTimeouts, create_replayer, create_worker, signal_run, start_run
+from little_es_temporal.workflow import TIMED_OUT_SUB_RUN_PATCH
 from pydantic import BaseModel
 from temporalio.client import Client, WorkflowFailureError
 
@@ -34,7 +35,7 @@ import tests._temporal_support as _support
 from little_es.errors import SignalConsumedError, SignalDataError
 from little_es.events import RunWaiting, SignalReceived, StepFailed, WaitTimedOut
 from little_es.replay import replay_run
-from little_es.workflow.authoring import Workflow, task, wait_for
+from little_es.workflow.authoring import Workflow, subworkflow, task, wait_for
 from little_es.workflow.context import StepContext
 from little_es.world import World, local_world
 from tests import _waits_proc as wp
@@ -168,3 +169,31 @@ async def test_a_deadline_on_temporal_records_its_own_outcome(
     assert state.status == "timed_out" and state.stopped_step_path == "go"
     assert sum(isinstance(e, WaitTimedOut) for e in events) == 1
     assert "after" not in state.steps
+
+
+PARENT_OF_SHORT = Workflow("parent_of_short", steps=[subworkflow("sub", SHORT)])
+
+
+async def test_a_sub_run_whose_wait_timed_out_fails_its_parents_step_on_temporal_as_locally(
+    client: Client, tmp_path: Path
+) -> None:
+    queue = f"q-{uuid.uuid4().hex[:12]}"
+    with local_world(tmp_path / "world") as world:
+        workflows = [PARENT_OF_SHORT, SHORT]
+        async with create_worker(client, world, workflows=workflows, task_queue=queue):
+            handle = await start_run(
+                client, PARENT_OF_SHORT, {}, run_id="run_t_parent", task_queue=queue, timeouts=_FAST
+            )
+            with pytest.raises(WorkflowFailureError):
+                await asyncio.wait_for(handle.result(), 60)
+            history = await handle.fetch_history()
+        state = replay_run(world, "run_t_parent").state
+        (sub_run,) = state.sub_run_ids
+        assert replay_run(world, sub_run).state.status == "timed_out"
+    assert state.status == "failed" and state.steps["sub"].status == "failed"
+    error = state.steps["sub"].error
+    assert error is not None and error.type == "SubRunTimedOutError" and not error.retryable
+    assert f"run {sub_run!r} stopped at step 'go': its wait for signal" in error.message
+    assert TIMED_OUT_SUB_RUN_PATCH in str(history.events)
+    replayed = await create_replayer().replay_workflow(history, raise_on_replay_failure=False)
+    assert replayed.replay_failure is None, replayed.replay_failure

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from little_es import (
     ApprovalDeniedError,
     NoSuchWaitError,
+    RunFailedError,
     RunNotFoundError,
     RunWaitingError,
     SignalConsumedError,
@@ -32,6 +33,7 @@ from little_es import (
     ask_human,
     cancel_run,
     list_waits,
+    subworkflow,
     wait_for,
 )
 from little_es.cli import app
@@ -611,3 +613,25 @@ def test_a_model_of_the_script_that_ran_the_workflow_says_where_to_send_the_sign
         import_model("__main__:Answer")
     with pytest.raises(SignalDataError, match="cannot be imported here"):
         import_model("no_such_module_here:Answer")
+
+
+_CHILD_WAITS = Workflow("child_waits", steps=[wait_for("go", model=Decision, timeout=0.2)])
+
+
+def test_a_sub_run_whose_wait_timed_out_is_its_parent_steps_failure(world: World) -> None:
+    """Every resume of the sub-run stops the same way: as a stop, it would hold the parent's
+    step in flight for ever; as the step's failure, the run ends (a retry policy, or an
+    orchestrator's model, decides what comes next)."""
+    parent = Workflow("parent_of_waits", steps=[subworkflow("sub", _CHILD_WAITS)])
+    with pytest.raises(RunWaitingError):
+        _run(world, parent, "run_parent_w", {})
+    time.sleep(0.3)
+    with pytest.raises(RunFailedError, match="SubRunTimedOutError") as failed:
+        _run(world, parent, "run_parent_w")
+    (sub_run,) = replay_run(world, "run_parent_w").state.sub_run_ids
+    assert replay_run(world, sub_run).state.status == "timed_out"
+    error = failed.value.error
+    assert error.type == "SubRunTimedOutError" and not error.retryable
+    assert f"run {sub_run!r} stopped at step 'go': its wait for signal" in error.message
+    state = replay_run(world, "run_parent_w").state
+    assert state.status == "failed" and state.steps["sub"].status == "failed"

@@ -43,8 +43,14 @@ from little_es.engine.executor import (
     execute_step,
     open_run,
     sub_run_id_for,
+    timed_out_error,
 )
-from little_es.errors import ConcurrencyConflictError, RunFailedError, StepSuspendedError
+from little_es.errors import (
+    ConcurrencyConflictError,
+    RunFailedError,
+    StepSuspendedError,
+    SubRunTimedOutError,
+)
 from little_es.ids import validate_run_id
 from little_es.logging import get_logger
 from little_es.materialize import RunFold, StepFold
@@ -215,6 +221,8 @@ class TemporalSubRunHost(SubRunHost):
         if request.run_id in self.hosted:
             if fold is not None and fold.status == "failed" and fold.error is not None:
                 raise RunFailedError(request.run_id, fold.failed_step_path, fold.error)
+            if fold is not None and fold.status == "timed_out":
+                raise SubRunTimedOutError(timed_out_error(request.run_id, fold))
             raise TemporalAdapterError(
                 f"sub-run {request.run_id!r}: its child workflow ended but its log shows it"
                 f" {fold.status if fold is not None else 'not started'}: see that workflow's"

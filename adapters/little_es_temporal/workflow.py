@@ -80,6 +80,7 @@ with workflow.unsafe.imports_passed_through():
 
 __all__ = [
     "BRANCH_REFUSAL_PATCH",
+    "TIMED_OUT_SUB_RUN_PATCH",
     "SUBWORKFLOW_PATCH",
     "SUB_RUNS_PATCH",
     "SUB_RUN_LIMIT_PATCH",
@@ -129,6 +130,10 @@ SUB_RUNS_PATCH = "little_es.step-hosted-sub-runs"
 
 SUB_RUN_LIMIT_PATCH = "little_es.sub-run-max-concurrency"
 """The patch id of a step's child workflows started at most ``max_concurrency`` at once."""
+
+TIMED_OUT_SUB_RUN_PATCH = "little_es.timed-out-sub-run-fails-its-step"
+"""The patch id of a hosted child whose wait timed out, left to its step to fail on (asked
+only then, as :data:`BRANCH_REFUSAL_PATCH` is)."""
 
 BRANCH_REFUSAL_PATCH = "little_es.refusal-cancels-branches"
 """The patch id of a parallel group whose other branches are cancelled when one refuses.
@@ -359,6 +364,12 @@ class LittleRunWorkflow:
             except ChildWorkflowError as exc:
                 refused = _refused(exc)
                 if refused is not None:
+                    if refused.type == "WaitTimedOutError" and workflow.patched(
+                        TIMED_OUT_SUB_RUN_PATCH
+                    ):
+                        # Every resume of the child stops so: the step, run again, reads
+                        # the timeout from its log as its failure (SubRunTimedOutError).
+                        return
                     raise ApplicationError(
                         refused.message, REFUSED_MARKER, type=refused.type, non_retryable=True
                     ) from None

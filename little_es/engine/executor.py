@@ -151,6 +151,7 @@ __all__ = [
     "outputs_from_fold",
     "resolve_run_budget",
     "sub_run_id_for",
+    "timed_out_error",
 ]
 
 _log = get_logger()

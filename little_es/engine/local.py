@@ -58,7 +58,9 @@ from little_es.errors import (
     RunStoppedError,
     RuntimeIntegrityError,
     RunWaitingError,
+    SubRunTimedOutError,
     VisitLimitError,
+    WaitTimedOutError,
 )
 from little_es.events import Event
 from little_es.harness.guard import current_guard
@@ -222,13 +224,16 @@ class _InProcessHost(SubRunHost):
         self.world = world
 
     async def run(self, request: HostedRun) -> Any:
-        result = await run_workflow(
-            self.world,
-            request.workflow,
-            request.input,
-            run_id=request.run_id,
-            _parent=(request.parent_run_id, request.parent_step_path),
-        )
+        try:
+            result = await run_workflow(
+                self.world,
+                request.workflow,
+                request.input,
+                run_id=request.run_id,
+                _parent=(request.parent_run_id, request.parent_step_path),
+            )
+        except WaitTimedOutError as exc:
+            raise SubRunTimedOutError(exc) from exc
         return result.output
 
 
