@@ -399,8 +399,9 @@ def _recorded_context(given: object) -> LoopContext | None:
     """The :class:`LoopContext` whose JSON a planner run's input holds (``given["context"]``),
     or None when it holds none that reads as one."""
     data = given.get("context") if isinstance(given, Mapping) else None
+    if not isinstance(data, Mapping):
+        return None
     try:
-        assert isinstance(data, Mapping)
         outcomes = []
         for c in data["cycles"]:
             cost = c["cost_usd"]
@@ -421,7 +422,7 @@ def _recorded_context(given: object) -> LoopContext | None:
             input=data["input"],
             cycles=tuple(outcomes),
         )
-    except (AssertionError, KeyError, TypeError, ArithmeticError):
+    except (KeyError, TypeError, ArithmeticError):
         return None
     # Exactly what the planner was given, or not that context at all.
     return context if context.to_json() == data else None
