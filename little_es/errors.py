@@ -358,7 +358,9 @@ class TurnLimitExceededError(StepExecutionError):
 
     Nothing is recorded for the calls the last response asked for, and the
     session is not marked completed. Not retryable: the same attempt would
-    stop at the same place; raise ``max_turns`` or tighten the prompt.
+    stop at the same place; tighten the prompt, or raise ``max_turns`` in a new
+    run (``max_turns`` is part of the agent's manifest, so a resume of this run
+    with another one is a :class:`CapabilityDriftError`).
     """
 
     retryable = False

@@ -3,8 +3,11 @@
 A session's manifest records the model (provider and model id), the sha256 of
 the system prompt, each tool's name and schema hash, the parameters and
 ``max_turns``: the data of :class:`~little_es.workflow.ir.AgentSpecIR` (the one
-description of an agent step), with the tools sorted by name so that
-reordering them is not drift. It also records ``prompt_sha256``, the sha256 of
+description of an agent step), with the tools sorted by name. Their order is
+not the manifest's to check: the workflow's IR keeps it (the model is shown the
+tools in that order), so a resume of a run whose agent's tools were reordered
+is refused by the IR hash first (:class:`~little_es.errors.WorkflowChangedError`).
+It also records ``prompt_sha256``, the sha256 of
 the prompt the session was given (for a prompt function, the text it
 rendered). ``manifest_hash`` is the sha256 of its canonical JSON (orjson,
 sorted keys).

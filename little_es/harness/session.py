@@ -435,8 +435,9 @@ class _SessionLoop:
                 raise TurnLimitExceededError(
                     f"{self._where(turn)}: the model still asked for tools"
                     f" ({', '.join(c.name for c in response.tool_calls)}) after max_turns="
-                    f"{self.max_turns} model calls; raise max_turns or tell the model when to"
-                    " stop"
+                    f"{self.max_turns} model calls; tell the model when to stop, or give the"
+                    " agent a higher max_turns in a new run (this run's agent cannot change: a"
+                    " resume with another max_turns is refused as drift)"
                 )
             await self._tool_calls(turn, response.tool_calls)
         raise AssertionError("unreachable: the last turn returns or raises")  # pragma: no cover
