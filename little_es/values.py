@@ -97,6 +97,13 @@ class ToolSpec(_Frozen):
     parameters: dict[str, JSONValue] = Field(default_factory=dict)
 
 
+MAX_TOKENS = 2**53
+"""The most tokens a :class:`Usage` may count of one kind: far past any call's, and so far
+inside a JSON integer's range (:data:`~little_es.JSON_INT_RANGE`) that the sums of a
+session's or a run's calls stay in it too (a count past it would be recorded call by call,
+then break the record of their sum)."""
+
+
 class Usage(_Frozen):
     """Token counts a provider reported for one model call.
 
@@ -112,11 +119,11 @@ class Usage(_Frozen):
     carries ``cost_usd`` (or ``cost``) is refused.
     """
 
-    input_tokens: int = Field(default=0, ge=0)
-    output_tokens: int = Field(default=0, ge=0)
-    cached_input_tokens: int = Field(default=0, ge=0)
-    reasoning_tokens: int = Field(default=0, ge=0)
-    cache_write_tokens: int = Field(default=0, ge=0)
+    input_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS)
+    output_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS)
+    cached_input_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS)
+    reasoning_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS)
+    cache_write_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS)
     """Prompt tokens written to the provider's cache (priced at its cache-write rate)."""
 
     @model_validator(mode="after")

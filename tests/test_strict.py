@@ -614,3 +614,17 @@ def test_a_snapshot_payload_is_refused_exactly_as_a_snapshot_reader_refuses_it(
             check_snapshot_payload(snapshot, "little_es.snapshot", data)
     else:
         check_snapshot_payload(snapshot, "little_es.snapshot", data)
+
+
+def test_a_token_count_past_max_tokens_is_refused_so_that_sums_stay_in_range() -> None:
+    """Each call's count is refused past MAX_TOKENS, before it is recorded: a session's sum
+    of such counts (``harness.session.completed``) then always fits the JSON range."""
+    from pydantic import ValidationError
+
+    from little_es.values import MAX_TOKENS
+
+    Usage(input_tokens=MAX_TOKENS, output_tokens=MAX_TOKENS)
+    for field in ("input_tokens", "output_tokens", "cached_input_tokens", "reasoning_tokens"):
+        with pytest.raises(ValidationError, match="less than or equal to 9007199254740992"):
+            Usage(**{field: MAX_TOKENS + 1})
+    assert MAX_TOKENS * 2**10 < JSON_INT_RANGE[1]
