@@ -80,10 +80,10 @@ with workflow.unsafe.imports_passed_through():
 
 __all__ = [
     "BRANCH_REFUSAL_PATCH",
-    "TIMED_OUT_SUB_RUN_PATCH",
     "SUBWORKFLOW_PATCH",
     "SUB_RUNS_PATCH",
     "SUB_RUN_LIMIT_PATCH",
+    "TIMED_OUT_SUB_RUN_PATCH",
     "WAITS_PATCH",
     "WORKFLOW_TYPE",
     "LittleRunWorkflow",
