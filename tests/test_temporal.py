@@ -56,6 +56,7 @@ from little_es._threads import DEFAULT_MAX_WORKER_THREADS
 from little_es.engine.executor import sub_run_id_for
 from little_es.engine.local import run_workflow
 from little_es.errors import (
+    BudgetExceededError,
     ConversationDivergedError,
     EngineUnsupportedError,
     RunFailedError,
@@ -69,7 +70,7 @@ from little_es.ids import session_stream_id, step_lease_id
 from little_es.orchestrator import start_workflow_tool, sub_run_id_for_call
 from little_es.outer_loop import encode_view, load_outer_loop, loop_view, run_outer_loop
 from little_es.replay import replay_run
-from little_es.values import ModelRequest, ToolCall, Usage
+from little_es.values import Budget, ModelRequest, ToolCall, Usage
 from little_es.workflow.authoring import Workflow, agent, parallel, subworkflow, task
 from little_es.workflow.context import StepContext
 from little_es.workflow.ir import RetryPolicy
@@ -1446,6 +1447,68 @@ async def test_a_refusal_in_one_branch_stops_the_others_on_temporal_as_locally(
     ]
     # The patch marker stands where the cancels follow, so older histories replay as before.
     assert len(markers) == 1 and BRANCH_REFUSAL_PATCH in markers[0]
+    await _replay_history(history)
+
+
+@tool
+def _noop() -> str:
+    """Does nothing."""
+    return "ok"
+
+
+async def _fast_or_slow(request: ModelRequest) -> ScriptedReply:
+    text = " ".join(str(m.content or "") for m in request.messages)
+    if "slow" in text:
+        await asyncio.sleep(1.5)
+        return ScriptedReply(content="slow-done")
+    if not any(m.role == "tool" for m in request.messages):
+        return ScriptedReply(tool_calls=(ToolCall(id="c1", name="_noop"),))
+    return ScriptedReply(content="fast-done")
+
+
+_STOPPING_FAN = Workflow(
+    "t_stopping_fan",
+    version="1",
+    steps=[
+        parallel(
+            "fan",
+            branches=lambda ctx: {"a": "fast", "b": "slow"},
+            step=agent(
+                "ask",
+                model=ScriptedModel(respond=_fast_or_slow),
+                prompt=lambda ctx: f"go {ctx.branch_value}",
+                tools=[_noop],
+                budget=Budget(model_calls=1),
+            ),
+        )
+    ],
+)
+"""Branch ``a`` runs out of its step's budget at its second call while ``b`` is in a slow one."""
+
+
+@pytest.mark.backends("memory")
+async def test_a_budget_stop_in_one_branch_lets_the_others_finish_on_temporal_as_locally(
+    client: Client, world: World, tmp_path: Path
+) -> None:
+    """Only an integrity refusal cancels the other branches: a stop is each branch's own to
+    see at its next call, so ``b``'s call in flight ends and is recorded on both engines."""
+    states = []
+    with local_world(tmp_path / "local") as local:
+        with pytest.raises(BudgetExceededError):
+            await run_workflow(local, _STOPPING_FAN, {}, run_id="run_stopping")
+        states.append(replay_run(local, "run_stopping").state)
+    queue = _queue()
+    async with create_worker(client, world, workflows=[_STOPPING_FAN], task_queue=queue):
+        handle = await start_run(client, _STOPPING_FAN, run_id="run_stopping", task_queue=queue)
+        with pytest.raises(WorkflowFailureError):
+            await asyncio.wait_for(handle.result(), 60)
+        history = await handle.fetch_history()
+    states.append(replay_run(world, "run_stopping").state)
+    for state in states:
+        assert state.steps["fan[b]/ask"].status == "completed"
+        assert state.steps["fan[b]/ask"].output == "slow-done"
+        assert state.steps["fan[a]/ask"].status == "running"
+    assert BRANCH_REFUSAL_PATCH not in str(history.events)
     await _replay_history(history)
 
 

@@ -46,7 +46,8 @@ from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflow
 
 with workflow.unsafe.imports_passed_through():
     from little_es.engine.walk import StepVisit, Walk, branch_path, gather_branches
-    from little_es.errors import VisitLimitError, WorkflowChangedError
+    from little_es import errors as _errors
+    from little_es.errors import RuntimeIntegrityError, VisitLimitError, WorkflowChangedError
     from little_es.values import ErrorInfo
     from little_es.workflow.ir import RetryPolicy, StepIR
     from little_es_temporal.models import (
@@ -183,7 +184,13 @@ def _refused(error: BaseException) -> ApplicationError | None:
 
 
 def _refusal_cancels_branches(error: BaseException) -> bool:
-    return _refused(error) is not None and workflow.patched(BRANCH_REFUSAL_PATCH)
+    # The marker stands for a stop too (a budget, a cancel, a wait's timeout), which the
+    # other branches see for themselves at their next call, as locally: only an integrity
+    # refusal, named by its type, stops them at once.
+    refused = _refused(error)
+    kind = getattr(_errors, refused.type or "", None) if refused is not None else None
+    integrity = isinstance(kind, type) and issubclass(kind, RuntimeIntegrityError)
+    return integrity and workflow.patched(BRANCH_REFUSAL_PATCH)
 
 
 def _describe(error: BaseException) -> ErrorInfo:
