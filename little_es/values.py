@@ -235,9 +235,31 @@ class ErrorInfo(_Frozen):
 
     @classmethod
     def from_exception(cls, exc: BaseException, *, retryable: bool | None = None) -> ErrorInfo:
-        """Describe ``exc``; ``retryable`` defaults to the exception's own flag or True."""
+        """Describe ``exc``; ``retryable`` defaults to the exception's own flag or True.
+
+        The message is ``str(exc)``, cut to :data:`MAX_ERROR_MESSAGE` characters (a log
+        records it with every failed attempt, and Temporal refuses a failure of a few
+        megabytes, so such a step would be retried for ever there); an exception whose
+        ``str()`` raises is described by its type.
+        """
         flag = getattr(exc, "retryable", True) if retryable is None else retryable
-        return cls(type=type(exc).__qualname__, message=str(exc), retryable=bool(flag))
+        return cls(type=type(exc).__qualname__, message=error_message(exc), retryable=bool(flag))
+
+
+MAX_ERROR_MESSAGE = 16_384
+"""The most characters of an exception's message a recorded failure keeps."""
+
+
+def error_message(exc: BaseException) -> str:
+    """``str(exc)`` as a failure records it (see :meth:`ErrorInfo.from_exception`)."""
+    try:
+        message = str(exc)
+    except Exception as inner:  # a user's __str__ that fails: the failure is still theirs
+        return f"({type(exc).__qualname__} whose str() raised {type(inner).__qualname__})"
+    if len(message) <= MAX_ERROR_MESSAGE:
+        return message
+    cut = len(message) - MAX_ERROR_MESSAGE
+    return f"{message[:MAX_ERROR_MESSAGE]}… [{cut:,} more characters not recorded]"
 
 
 # ------------------------------------------------------------------ totals

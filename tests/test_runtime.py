@@ -1249,3 +1249,36 @@ async def test_an_agent_step_runs_a_harness_session_and_is_not_rerun_on_resume(
     result = await run_workflow(reopen(), wf, run_id="run_agent")
     assert result.output == "plan: fix the bug"
     assert model.calls == 1
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no words for it")
+
+
+@pytest.mark.parametrize("kind", ["huge message", "str() raises"])
+def test_a_step_failure_is_recorded_whatever_its_exception_prints(world: World, kind: str) -> None:
+    """A message is cut to MAX_ERROR_MESSAGE characters (every failed attempt records it, and
+    Temporal refuses a failure of a few megabytes); an exception whose str() raises is
+    described by its type: either way the failure is the step's, recorded as any other."""
+    from little_es.errors import RunFailedError
+    from little_es.events import RunFailed, StepFailed
+    from little_es.values import MAX_ERROR_MESSAGE
+
+    def fails(ctx: StepContext) -> None:
+        if kind == "huge message":
+            raise ValueError("x" * 2_500_000)
+        raise _Unprintable
+
+    wf = Workflow("fails_oddly", steps=[task("odd", fails)])
+    with pytest.raises(RunFailedError):
+        asyncio.run(run_workflow(world, wf, {}, run_id="run_odd_error"))
+    log = world.read_run_log("run_odd_error")
+    (failed,) = [e for e in log if isinstance(e, StepFailed)]
+    assert any(isinstance(e, RunFailed) for e in log)
+    if kind == "huge message":
+        assert failed.error.type == "ValueError"
+        assert failed.error.message.startswith("x" * MAX_ERROR_MESSAGE + "… [2,483,616 more")
+    else:
+        assert failed.error.type == "_Unprintable"
+        assert failed.error.message == "(_Unprintable whose str() raised RuntimeError)"

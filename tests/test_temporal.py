@@ -1512,6 +1512,35 @@ async def test_a_budget_stop_in_one_branch_lets_the_others_finish_on_temporal_as
     await _replay_history(history)
 
 
+_HUGE_RUNS: list[int] = []
+
+
+def _fails_hugely(ctx: StepContext) -> None:
+    _HUGE_RUNS.append(ctx.attempt)
+    raise ValueError("x" * 2_500_000)
+
+
+_HUGE_ERROR = Workflow("t_huge_error", version="1", steps=[task("huge", _fails_hugely)])
+
+
+@pytest.mark.backends("memory")
+async def test_a_step_failing_with_a_huge_message_fails_its_run_once_on_temporal_as_locally(
+    client: Client, world: World
+) -> None:
+    """Its message is recorded cut, and the activity's failure carries no cause it could
+    not: Temporal refused a failure of megabytes, so the step was retried for ever."""
+    _HUGE_RUNS.clear()
+    queue = _queue()
+    async with create_worker(client, world, workflows=[_HUGE_ERROR], task_queue=queue):
+        handle = await start_run(client, _HUGE_ERROR, run_id="run_huge", task_queue=queue)
+        with pytest.raises(WorkflowFailureError):
+            await asyncio.wait_for(handle.result(), 60)
+    state = replay_run(world, "run_huge").state
+    assert state.status == "failed" and state.failed_step_path == "huge"
+    assert _HUGE_RUNS == [1]
+    assert state.error is not None and "more characters not recorded" in state.error.message
+
+
 # ------------------------------------------------------------ worker threads on Temporal
 
 _WIDTH = DEFAULT_MAX_WORKER_THREADS + 2

@@ -40,7 +40,7 @@ from little_es.workflow.authoring import (
     task,
 )
 from little_es.workflow.context import StepContext
-from little_es.workflow.ir import END, AgentSpecIR, RetryPolicy, StepIR, WorkflowIR
+from little_es.workflow.ir import END, MAX_BACKOFF_S, AgentSpecIR, RetryPolicy, StepIR, WorkflowIR
 
 # --- step functions at module level, so a subprocess can rebuild the same workflow ---
 
@@ -241,8 +241,12 @@ def test_retry_policy_backoff() -> None:
     assert [policy.backoff_for(n) for n in (1, 2, 3, 4, 5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
     assert RetryPolicy().max_attempts == 1
     assert RetryPolicy().backoff_for(7) == 0.0
-    assert RetryPolicy(initial_backoff_s=1.0).backoff_for(100_000) == float("inf")
+    # Past any timer: a year at most (Temporal could not set a longer one).
+    assert RetryPolicy(initial_backoff_s=1.0).backoff_for(100_000) == MAX_BACKOFF_S
     assert RetryPolicy(initial_backoff_s=1.0, max_backoff_s=9).backoff_for(100_000) == 9
+    for field in ("initial_backoff_s", "max_backoff_s"):
+        with pytest.raises(ValueError, match="less than or equal to 31536000"):
+            RetryPolicy(**{field: 1e14})
     with pytest.raises(ValueError, match="attempt must be an integer >= 1"):
         policy.backoff_for(0)
 

@@ -52,6 +52,7 @@ from little_es.engine.executor import Committed, HostedRun
 from little_es.errors import ConcurrentRunError, RunWaitingError, StepSuspendedError
 from little_es.ids import step_lease_id
 from little_es.logging import get_logger
+from little_es.values import MAX_ERROR_MESSAGE
 from little_es.workflow.authoring import SubworkflowStep, WaitStep
 from little_es.world import World
 from little_es_temporal.activities import (
@@ -248,13 +249,27 @@ async def _run_step(
                 f"step {begun.step_path!r} of run {step_input.run_id!r} failed (attempt"
                 f" {begun.attempt}): {error.type}: {error.message}"
             )
+            # The step's exception as the cause, for Temporal's view of the failure, unless
+            # it could not carry it: its message is in ``message`` already, cut as recorded.
+            cause = outcome.exception
+            if cause is not None and not _carried(cause):
+                cause = None
             if settled.will_retry:
                 raise ApplicationError(
                     message,
                     type=error.type,
                     next_retry_delay=timedelta(seconds=max(settled.delay_s, 0.001)),
-                ) from outcome.exception
-            raise gave_up_error(message, error) from outcome.exception
+                ) from cause
+            raise gave_up_error(message, error) from cause
     finally:
         if heartbeat is not None:
             heartbeat.cancel()
+
+
+def _carried(exc: BaseException) -> bool:
+    """Whether a failure can carry ``exc`` as its cause: its ``str()`` works and is not cut
+    (a message of a few megabytes, twice in a failure, is more than Temporal takes)."""
+    try:
+        return len(str(exc)) <= MAX_ERROR_MESSAGE
+    except Exception:
+        return False

@@ -45,8 +45,8 @@ from temporalio.common import RetryPolicy as TemporalRetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
-    from little_es.engine.walk import StepVisit, Walk, branch_path, gather_branches
     from little_es import errors as _errors
+    from little_es.engine.walk import StepVisit, Walk, branch_path, gather_branches
     from little_es.errors import RuntimeIntegrityError, VisitLimitError, WorkflowChangedError
     from little_es.values import ErrorInfo
     from little_es.workflow.ir import RetryPolicy, StepIR

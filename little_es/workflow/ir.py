@@ -104,19 +104,27 @@ def check_plain_json(value: Any, where: str) -> None:
     )
 
 
+MAX_BACKOFF_S = 365 * 86400.0
+"""The longest wait between two attempts of a step: a year."""
+
+
 class RetryPolicy(_Frozen):
     """How often a failing step is attempted, and how long to wait between attempts.
 
     ``max_attempts`` counts the first attempt: 1 (the default) means no retry.
     The wait after failed attempt ``n`` is
     ``initial_backoff_s * backoff_coefficient ** (n - 1)``, capped at
-    ``max_backoff_s`` when that is set.
+    ``max_backoff_s`` when that is set, and at :data:`MAX_BACKOFF_S` (a year) in
+    any case: a longer wait is past what a timer can be set for (Temporal's
+    conversion of it failed the workflow task for ever).
     """
 
     max_attempts: int = Field(default=1, ge=1)
-    initial_backoff_s: float = Field(default=0.0, ge=0.0, allow_inf_nan=False)
+    initial_backoff_s: float = Field(default=0.0, ge=0.0, le=MAX_BACKOFF_S, allow_inf_nan=False)
     backoff_coefficient: float = Field(default=2.0, ge=1.0, allow_inf_nan=False)
-    max_backoff_s: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
+    max_backoff_s: float | None = Field(
+        default=None, ge=0.0, le=MAX_BACKOFF_S, allow_inf_nan=False
+    )
 
     def backoff_for(self, attempt: int) -> float:
         """Seconds to wait after failed attempt ``attempt`` (1-based) before the next one."""
@@ -128,7 +136,7 @@ class RetryPolicy(_Frozen):
             delay = math.inf
         if self.max_backoff_s is not None:
             delay = min(delay, self.max_backoff_s)
-        return delay
+        return min(delay, MAX_BACKOFF_S)
 
 
 class WaitSpecIR(_Frozen):
