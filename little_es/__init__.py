@@ -175,6 +175,8 @@ from little_es.replay import ReplayPlanStep, ReplayResult, replay_run
 from little_es.totals import run_tree_totals
 from little_es.transfer import TransferCounts, export_world, import_world
 from little_es.values import (
+    MAX_ERROR_MESSAGE,
+    MAX_TOKENS,
     ArtifactRef,
     Budget,
     ErrorInfo,
@@ -215,7 +217,9 @@ from little_es.world import (
 __all__ = [
     "END",
     "JSON_INT_RANGE",
+    "MAX_ERROR_MESSAGE",
     "MAX_JSON_DEPTH",
+    "MAX_TOKENS",
     "AggregateArgumentError",
     "AggregateConflictError",
     "AggregateNotFoundError",
