@@ -12,6 +12,7 @@ fails: CI must not pass by skipping its Temporal coverage.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sqlite3
@@ -40,6 +41,7 @@ from little_es_temporal import (
     create_worker,
     start_run,
 )
+from little_es_temporal import cancel_run as cancel_on_temporal
 from little_es_temporal.workflow import (
     BRANCH_REFUSAL_PATCH,
     SUB_RUN_LIMIT_PATCH,
@@ -53,12 +55,14 @@ import tests._outer_loop_proc as loops
 import tests._temporal_support as _support
 from little_es import set_max_worker_threads
 from little_es._threads import DEFAULT_MAX_WORKER_THREADS
+from little_es.durability import cancel_run
 from little_es.engine.executor import sub_run_id_for
 from little_es.engine.local import run_workflow
 from little_es.errors import (
     BudgetExceededError,
     ConversationDivergedError,
     EngineUnsupportedError,
+    RunCancelledError,
     RunFailedError,
     VisitLimitError,
 )
@@ -1539,6 +1543,68 @@ async def test_a_step_failing_with_a_huge_message_fails_its_run_once_on_temporal
     assert state.status == "failed" and state.failed_step_path == "huge"
     assert _HUGE_RUNS == [1]
     assert state.error is not None and "more characters not recorded" in state.error.message
+
+
+async def _slow_then(ctx: StepContext) -> str:
+    await asyncio.sleep(1.5)
+    return "slow-done"
+
+
+_SLOW_CHILD_RUN = Workflow("t_cancelled_child", version="1", steps=[task("slow", _slow_then)])
+_PARENT_OF_CANCELLED = Workflow(
+    "t_parent_of_cancelled", version="1", steps=[subworkflow("sub", _SLOW_CHILD_RUN)]
+)
+
+
+async def _first_sub_run(world: World, run_id: str) -> str:
+    for _ in range(200):
+        with contextlib.suppress(LookupError):
+            ids = replay_run(world, run_id).state.sub_run_ids
+            if ids:
+                return ids[0]
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"run {run_id} started no sub-run")
+
+
+@pytest.mark.backends("memory")
+async def test_a_cancelled_sub_run_stops_its_parent_on_temporal_as_locally(
+    client: Client, world: World, tmp_path: Path
+) -> None:
+    """A cancel of the sub-run alone is a stop of the parent's step, not its failure: the
+    parent records nothing and resumes once the sub-run is resumed (resume_cancelled)."""
+    states = []
+    with local_world(tmp_path / "local") as local:
+        driving = asyncio.ensure_future(
+            run_workflow(local, _PARENT_OF_CANCELLED, {}, run_id="run_pc")
+        )
+        sub = await _first_sub_run(local, "run_pc")
+        await asyncio.sleep(0.3)
+        cancel_run(local, sub, reason="stop the child")
+        with pytest.raises(RunCancelledError):
+            await driving
+        states.append(replay_run(local, "run_pc").state)
+    queue = _queue()
+    workflows = [_PARENT_OF_CANCELLED, _SLOW_CHILD_RUN]
+    async with create_worker(client, world, workflows=workflows, task_queue=queue):
+        handle = await start_run(client, _PARENT_OF_CANCELLED, run_id="run_pc", task_queue=queue)
+        sub = await _first_sub_run(world, "run_pc")
+        await asyncio.sleep(0.3)
+        await cancel_on_temporal(client, world, sub, reason="stop the child")
+        with pytest.raises(WorkflowFailureError):
+            await asyncio.wait_for(handle.result(), 60)
+        states.append(replay_run(world, "run_pc").state)
+        # Resumed with the sub-run: the parent continues from its step.
+        resumed = await start_run(
+            client, _SLOW_CHILD_RUN, run_id=sub, task_queue=queue, resume_cancelled=True
+        )
+        await asyncio.wait_for(resumed.result(), 60)
+        again = await start_run(client, _PARENT_OF_CANCELLED, run_id="run_pc", task_queue=queue)
+        assert (await asyncio.wait_for(again.result(), 60)).output == "slow-done"
+    for state in states:
+        assert state.status == "running" and state.steps["sub"].status == "running"
+        assert state.error is None
+    log = world.read_run_log("run_pc")
+    assert not [e for e in log if e.wire_name in ("StepFailed", "RunFailed")]
 
 
 # ------------------------------------------------------------ worker threads on Temporal

@@ -47,6 +47,7 @@ from little_es.engine.executor import (
 )
 from little_es.errors import (
     ConcurrencyConflictError,
+    RunCancelledError,
     RunFailedError,
     StepSuspendedError,
     SubRunTimedOutError,
@@ -206,7 +207,9 @@ class TemporalSubRunHost(SubRunHost):
     each sub-run's result from its log: a completed sub-run is never run again.
     A failed one is the step's failure only when its child workflow just ran
     for this step (``hosted``); otherwise (a retried step) it is run again,
-    resuming from its own log, as ``run_workflow`` would.
+    resuming from its own log, as ``run_workflow`` would. A cancelled one stops
+    the step as it does locally (:class:`~little_es.errors.RunCancelledError`),
+    and one whose wait timed out fails it (:class:`~little_es.errors.SubRunTimedOutError`).
     """
 
     def __init__(self, activities: LittleActivities, hosted: Iterable[str]) -> None:
@@ -218,6 +221,10 @@ class TemporalSubRunHost(SubRunHost):
         fold = child.fold if child is not None else None
         if fold is not None and fold.status == "completed":
             return read_output(self.activities.world, fold.output, fold.output_ref)
+        if fold is not None and fold.status == "cancelled":
+            # As run_workflow raises for it locally: a stop, recorded as nothing here, the
+            # parent's step in flight until the sub-run is resumed (resume_cancelled).
+            raise RunCancelledError(request.run_id, fold.stop_reason)
         if request.run_id in self.hosted:
             if fold is not None and fold.status == "failed" and fold.error is not None:
                 raise RunFailedError(request.run_id, fold.failed_step_path, fold.error)
