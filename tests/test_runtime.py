@@ -1251,7 +1251,7 @@ async def test_an_agent_step_runs_a_harness_session_and_is_not_rerun_on_resume(
     assert model.calls == 1
 
 
-class _Unprintable(Exception):
+class _UnprintableError(Exception):
     def __str__(self) -> str:
         raise RuntimeError("no words for it")
 
@@ -1268,7 +1268,7 @@ def test_a_step_failure_is_recorded_whatever_its_exception_prints(world: World, 
     def fails(ctx: StepContext) -> None:
         if kind == "huge message":
             raise ValueError("x" * 2_500_000)
-        raise _Unprintable
+        raise _UnprintableError
 
     wf = Workflow("fails_oddly", steps=[task("odd", fails)])
     with pytest.raises(RunFailedError):
@@ -1280,5 +1280,5 @@ def test_a_step_failure_is_recorded_whatever_its_exception_prints(world: World, 
         assert failed.error.type == "ValueError"
         assert failed.error.message.startswith("x" * MAX_ERROR_MESSAGE + "… [2,483,616 more")
     else:
-        assert failed.error.type == "_Unprintable"
-        assert failed.error.message == "(_Unprintable whose str() raised RuntimeError)"
+        assert failed.error.type == "_UnprintableError"
+        assert failed.error.message == "(_UnprintableError whose str() raised RuntimeError)"
