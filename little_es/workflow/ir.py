@@ -122,9 +122,7 @@ class RetryPolicy(_Frozen):
     max_attempts: int = Field(default=1, ge=1)
     initial_backoff_s: float = Field(default=0.0, ge=0.0, le=MAX_BACKOFF_S, allow_inf_nan=False)
     backoff_coefficient: float = Field(default=2.0, ge=1.0, allow_inf_nan=False)
-    max_backoff_s: float | None = Field(
-        default=None, ge=0.0, le=MAX_BACKOFF_S, allow_inf_nan=False
-    )
+    max_backoff_s: float | None = Field(default=None, ge=0.0, le=MAX_BACKOFF_S, allow_inf_nan=False)
 
     def backoff_for(self, attempt: int) -> float:
         """Seconds to wait after failed attempt ``attempt`` (1-based) before the next one."""
