@@ -384,6 +384,9 @@ async def test_turn_limit_raises_and_records_nothing_misleading(world: World) ->
     with pytest.raises(TurnLimitExceededError, match=r"max_turns=2") as info:
         await _run(world, _model(looping), _tools([]), max_turns=2)
     assert RUN in str(info.value) and STEP in str(info.value)
+    # Not "raise max_turns and resume": max_turns is in the manifest, so that resume is drift.
+    assert "a higher max_turns in a new run" in str(info.value)
+    assert "refused as drift" in str(info.value)
     events = _events(world)
     assert not any(isinstance(e, SessionCompleted) for e in events)
     assert [e.turn for e in events if isinstance(e, ModelCalled)] == [1, 2]
