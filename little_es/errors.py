@@ -47,6 +47,7 @@ handle a family::
     │   ├── VisitLimitError
     │   ├── RunFailedError                   retries ran out; resume once fixed
     │   │   └── SubRunTimedOutError          a sub-run's wait timed out: its step's failure
+    │   ├── ReplayedFailureError             a recorded failure, raised again as it was
     │   ├── TurnLimitExceededError
     │   ├── SubRunFailedError
     │   ├── OrchestratorContextError
@@ -351,6 +352,20 @@ class SubRunTimedOutError(RunFailedError):
             stop.step_path,
             ErrorInfo(type=type(stop).__name__, message=str(stop), retryable=False),
         )
+
+
+class ReplayedFailureError(StepExecutionError):
+    """A failure answered from the log, raised again on resume as it was recorded.
+
+    A Pydantic AI tool call recorded as failed raises this where the tool raised:
+    the step's failure is then the recorded one (its type, message and whether it is
+    retryable, :attr:`recorded_error`), exactly as when the tool first raised.
+    """
+
+    def __init__(self, error: ErrorInfo) -> None:
+        super().__init__(f"{error.type}: {error.message}")
+        self.recorded_error = error
+        self.retryable = error.retryable
 
 
 class TurnLimitExceededError(StepExecutionError):

@@ -237,11 +237,19 @@ class ErrorInfo(_Frozen):
     def from_exception(cls, exc: BaseException, *, retryable: bool | None = None) -> ErrorInfo:
         """Describe ``exc``; ``retryable`` defaults to the exception's own flag or True.
 
-        The message is ``str(exc)``, cut to :data:`MAX_ERROR_MESSAGE` characters (a log
+        An exception that carries the failure it stands for (``recorded_error``, as
+        :class:`~little_es.errors.ReplayedFailureError` does) is described by it. Else
+        the message is ``str(exc)``, cut to :data:`MAX_ERROR_MESSAGE` characters (a log
         records it with every failed attempt, and Temporal refuses a failure of a few
         megabytes, so such a step would be retried for ever there); an exception whose
         ``str()`` raises is described by its type.
         """
+        recorded = getattr(exc, "recorded_error", None)
+        if isinstance(recorded, ErrorInfo):
+            # A failure answered from the log (ReplayedFailureError): the one recorded.
+            return recorded if retryable is None else recorded.model_copy(
+                update={"retryable": retryable}
+            )
         flag = getattr(exc, "retryable", True) if retryable is None else retryable
         return cls(type=type(exc).__qualname__, message=error_message(exc), retryable=bool(flag))
 

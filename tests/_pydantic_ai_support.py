@@ -69,6 +69,8 @@ class ChatServer:
 
     base_url: str = ""
     hold_turn: int | None = None
+    status_for_turn: dict[int, int] = field(default_factory=dict)
+    """An HTTP error status to answer a turn's requests with (an OpenAI error body)."""
     requests: Counter[int] = field(default_factory=Counter)
     bodies: list[dict[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -96,6 +98,16 @@ def start_server(state: ChatServer) -> ThreadingHTTPServer:
             if state.hold_turn == turn:
                 # In flight until the test kills the client (or the server stops).
                 state.release.wait(30)
+                return
+            status = state.status_for_turn.get(turn)
+            if status is not None:
+                error = {"error": {"message": "context_length_exceeded", "type": "invalid"}}
+                data = json.dumps(error).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
                 return
             tools = [t["function"]["name"] for t in body.get("tools", [])]
             payload = {

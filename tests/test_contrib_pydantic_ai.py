@@ -14,11 +14,16 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import pytest
 from _pydantic_ai_support import RUN_ID, ChatServer, build, main, start_server
+from pydantic_ai import Agent, RunContext
+from pydantic_ai.models.openai import OpenAIChatModel
+from pydantic_ai.providers.openai import OpenAIProvider
 
-from little_es import local_world, run_workflow
+from little_es import RetryPolicy, RunFailedError, Workflow, local_world, run_workflow
+from little_es.contrib.pydantic_ai import pydantic_ai_step
 from little_es.engine.executor import StepGuard
-from little_es.events import ModelCalled, StepStarted
+from little_es.events import ModelCalled, StepStarted, ToolCallFailed
 from little_es.harness.session import conversation_hash, sent_messages
 from little_es.ids import run_stream_id
 from little_es.world import World
@@ -205,3 +210,121 @@ def test_a_request_stores_only_the_messages_no_earlier_event_holds(tmp_path: Pat
         httpd.shutdown()
         httpd.server_close()
     assert dict(server.requests) == {1: 2, 2: 2, 3: 2}
+
+
+# ------------------------------------------------------------ failures, and their replay
+
+
+class PaymentDeclinedError(Exception):
+    retryable = False
+
+
+def _paying_workflow(base_url: str, ran: list[str]) -> Workflow:
+    """Turn 1 asks for ``lookup`` and ``add``; ``lookup`` raises a non-retryable error,
+    which ends the step (Pydantic AI lets a tool's exception through)."""
+    agent = Agent(
+        OpenAIChatModel("gpt-4o-mini", provider=OpenAIProvider(base_url=base_url, api_key="k")),
+        name="payer",
+        instructions="Pay.",
+    )
+
+    @agent.tool
+    def lookup(ctx: RunContext[None], key: str) -> int:
+        """Look a key up (it charges a card)."""
+        ran.append("lookup")
+        raise PaymentDeclinedError("card declined")
+
+    @agent.tool
+    def add(ctx: RunContext[None], a: int, b: int) -> int:
+        """Add two numbers."""
+        ran.append("add")
+        return a + b
+
+    step = pydantic_ai_step("pay", agent, prompt="pay", retry=RetryPolicy(max_attempts=3))
+    return Workflow("pydantic_ai_pay", steps=[step])
+
+
+class _Crash(BaseException):
+    """The process dies right after the tool's failure is committed."""
+
+
+def test_a_tool_failure_answered_from_the_log_fails_the_step_as_it_did(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Killed right after ``harness.tool_call.failed`` is committed, the resume fails the
+    step with the recorded error (its type, not retryable), as the uninterrupted run does:
+    no second attempt, which would charge the card again in a new session."""
+    from little_es.contrib import pydantic_ai as integration
+
+    server = ChatServer()
+    httpd = start_server(server)
+    ran: list[str] = []
+    save = integration._Recorder.save
+    crashed: list[bool] = []
+
+    def save_then_crash(self: Any, *args: Any, **kwargs: Any) -> None:
+        save(self, *args, **kwargs)
+        failed = any(isinstance(r, ToolCallFailed) for r in self.session.tool_results.values())
+        if failed and not crashed:
+            crashed.append(True)
+            raise _Crash
+
+    try:
+        wf = _paying_workflow(server.base_url, ran)
+        with local_world(tmp_path / "w") as world:
+            with monkeypatch.context() as mp:
+                mp.setattr(integration._Recorder, "save", save_then_crash)
+                with pytest.raises(_Crash):
+                    asyncio.run(run_workflow(world, wf, {}, run_id="run_pay"))
+            with pytest.raises(RunFailedError) as failed:
+                asyncio.run(run_workflow(world, wf, run_id="run_pay"))
+            log = world.read_run_log("run_pay")
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert failed.value.error.type == "PaymentDeclinedError"
+    assert not failed.value.error.retryable
+    assert ran.count("lookup") == 1, ran
+    assert [e.attempt for e in log if isinstance(e, StepStarted)] == [1]
+    assert dict(server.requests) == {1: 1}
+
+
+def test_a_request_the_provider_refuses_for_good_is_not_retried(tmp_path: Path) -> None:
+    """An HTTP 400 (401, 403, 404...) cannot succeed later: one failed attempt, not three,
+    each of which would run the committed tools again in a new session."""
+    server = ChatServer(status_for_turn={2: 400})
+    httpd = start_server(server)
+    try:
+        wf = _adding_workflow(server.base_url)
+        with local_world(tmp_path / "w") as world:
+            with pytest.raises(RunFailedError) as failed:
+                asyncio.run(run_workflow(world, wf, {}, run_id="run_400"))
+            log = world.read_run_log("run_400")
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert failed.value.error.type == "ModelError" and not failed.value.error.retryable
+    assert "HTTP 400" in failed.value.error.message
+    assert [e.attempt for e in log if isinstance(e, StepStarted)] == [1]
+    assert dict(server.requests) == {1: 1, 2: 1}
+
+
+def _adding_workflow(base_url: str) -> Workflow:
+    agent = Agent(
+        OpenAIChatModel("gpt-4o-mini", provider=OpenAIProvider(base_url=base_url, api_key="k")),
+        name="adder",
+        instructions="Add.",
+    )
+
+    @agent.tool
+    def lookup(ctx: RunContext[None], key: str) -> int:
+        """Look a key up."""
+        return 1
+
+    @agent.tool
+    def add(ctx: RunContext[None], a: int, b: int) -> int:
+        """Add two numbers."""
+        return a + b
+
+    step = pydantic_ai_step("add", agent, prompt="add", retry=RetryPolicy(max_attempts=3))
+    return Workflow("pydantic_ai_add", steps=[step])

@@ -51,7 +51,7 @@ from little_es.errors import MissingExtraError
 try:
     from pydantic_ai import Agent
     from pydantic_ai import messages as _pm
-    from pydantic_ai.exceptions import ModelRetry
+    from pydantic_ai.exceptions import ModelHTTPError, ModelRetry
     from pydantic_ai.models import Model as _PaiModel
     from pydantic_ai.models import ModelRequestParameters, StreamedResponse
     from pydantic_ai.models.wrapper import WrapperModel
@@ -67,9 +67,12 @@ except ImportError as _exc:  # pragma: no cover - depends on the installed extra
     ) from _exc
 
 from little_es.backends.base import check_leases
+from little_es.contrib._provider import RETRYABLE_STATUSES
 from little_es.domain import HarnessSession
 from little_es.errors import (
     ConversationDivergedError,
+    ModelError,
+    ReplayedFailureError,
     SessionInputError,
     ToolError,
     WorkflowDefinitionError,
@@ -358,6 +361,17 @@ class _Recorder:
             guard.before_model_call(self.step_path)
         try:
             live: _pm.ModelResponse = await send()
+        except ModelHTTPError as exc:
+            # Pydantic AI's own error says nothing of retrying: a status that cannot succeed
+            # later (400, 401...) must not start a new attempt, which repeats every tool call.
+            status = exc.status_code
+            raise ModelError(
+                f"{self.model.provider}:{self.model.model_id}: call failed with HTTP {status}:"
+                f" {exc}",
+                retryable=status in RETRYABLE_STATUSES or status >= 500,
+                provider=self.model.provider,
+                status=status,
+            ) from exc
         finally:
             if guard is not None:
                 guard.model_call_ended()
@@ -433,10 +447,8 @@ class _Recorder:
         if isinstance(result, ToolCallFailed):
             if result.error.type == "ModelRetry":
                 raise ModelRetry(result.error.message)
-            raise ToolError(
-                f"{self.where()}: tool call {call_id!r} ({name}) is recorded as failed:"
-                f" {result.error.type}: {result.error.message}"
-            )
+            # The tool's exception went on to fail the step: the recorded one does the same.
+            raise ReplayedFailureError(result.error)
         return result.result
 
     def complete(self, output: JSONValue) -> None:
