@@ -247,8 +247,10 @@ class ErrorInfo(_Frozen):
         recorded = getattr(exc, "recorded_error", None)
         if isinstance(recorded, ErrorInfo):
             # A failure answered from the log (ReplayedFailureError): the one recorded.
-            return recorded if retryable is None else recorded.model_copy(
-                update={"retryable": retryable}
+            return (
+                recorded
+                if retryable is None
+                else recorded.model_copy(update={"retryable": retryable})
             )
         flag = getattr(exc, "retryable", True) if retryable is None else retryable
         return cls(type=type(exc).__qualname__, message=error_message(exc), retryable=bool(flag))

@@ -85,7 +85,7 @@ class MessagesServer:
 
     base_url: str = ""
     hold_turn: int | None = None
-    replies: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    replies: list[tuple[int, dict[str, Any] | bytes]] = field(default_factory=list)
     requests: Counter[int] = field(default_factory=Counter)
     received: list[tuple[str, dict[str, str], dict[str, Any]]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -121,7 +121,8 @@ def start_server(state: MessagesServer) -> ThreadingHTTPServer:
             if queued is None and self.path != "/v1/messages":
                 queued = (404, _error("not_found_error", f"no route {self.path}"))
             status, payload = queued or (200, message(turn, body["model"]))
-            data = json.dumps(payload).encode()
+            # Bytes are sent as they are: a proxy's page that says it is JSON.
+            data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))

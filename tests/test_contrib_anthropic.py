@@ -492,3 +492,13 @@ def test_the_example_runs_offline_killed_and_resumed() -> None:
     # input (cache included), output, cached, reasoning, cache write, cost
     assert total.split()[1:6] == ["6,720", "120", "4,000", "0", "2,000"]
     assert "$" in total.split()[6]
+
+
+async def test_an_answer_that_is_no_json_is_a_model_error_not_a_refusal_to_send(
+    server: MessagesServer, model: AnthropicModel
+) -> None:
+    server.replies = [(200, b"<html><body>Sign in to the proxy</body></html>")]
+    with pytest.raises(ModelError, match="the answer is not JSON") as info:
+        await model.complete(_HI)
+    assert info.value.retryable is False
+    assert "refused to send" not in str(info.value)

@@ -31,7 +31,7 @@ class ChatServer:
     """A chat-completions endpoint on 127.0.0.1 that answers from a queue."""
 
     base_url: str = ""
-    replies: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    replies: list[tuple[int, dict[str, Any] | bytes]] = field(default_factory=list)
     received: list[_Received] = field(default_factory=list)
 
 
@@ -73,7 +73,8 @@ def chat_server() -> Iterator[ChatServer]:
                 if state.replies
                 else (500, {"error": {"message": "no reply scripted", "type": "server_error"}})
             )
-            data = json.dumps(payload).encode()
+            # Bytes are sent as they are: a proxy's page that says it is JSON.
+            data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
@@ -355,5 +356,14 @@ async def test_an_answer_without_choices_is_not_retryable(
 ) -> None:
     chat_server.replies = [(200, {"object": "list", "data": []})]
     with pytest.raises(ModelError, match="no choices") as info:
+        await model.complete(ModelRequest(messages=(Message(role="user", content="hi"),)))
+    assert info.value.retryable is False
+
+
+async def test_an_answer_that_is_no_json_is_a_model_error(
+    chat_server: ChatServer, model: OpenAIChatModel
+) -> None:
+    chat_server.replies = [(200, b"<html><body>Sign in to the proxy</body></html>")]
+    with pytest.raises(ModelError, match="the answer is not JSON") as info:
         await model.complete(ModelRequest(messages=(Message(role="user", content="hi"),)))
     assert info.value.retryable is False

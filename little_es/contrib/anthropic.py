@@ -18,6 +18,7 @@ and each is priced at its own rate (genai-prices' Anthropic prices).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, cast
@@ -183,6 +184,13 @@ class AnthropicModel(ProviderModel):
             raise self._error(
                 f"call failed ({type(exc).__name__}: {exc}); the answer could not be used,"
                 " check that base_url speaks the Anthropic Messages protocol",
+                retryable=False,
+            ) from exc
+        except json.JSONDecodeError as exc:
+            # The client's own json.loads of a 200 answer that is no JSON (a proxy's page).
+            raise self._error(
+                f"the answer is not JSON ({exc}); check that base_url speaks the Anthropic"
+                " Messages protocol (a proxy or a web server answered)",
                 retryable=False,
             ) from exc
         except (TypeError, ValueError) as exc:

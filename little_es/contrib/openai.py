@@ -140,6 +140,13 @@ class OpenAIChatModel(ProviderModel):
                 " check that base_url speaks the OpenAI chat-completions protocol",
                 retryable=False,
             ) from exc
+        except ValueError as exc:
+            # The client's own json.loads of a 200 answer that is no JSON (a proxy's page).
+            raise self._error(
+                f"the answer is not JSON ({exc}); check that base_url speaks the OpenAI"
+                " chat-completions protocol (a proxy or a web server answered)",
+                retryable=False,
+            ) from exc
         return self._response_from_chat(completion)
 
     def _message_to_chat(self, message: Message, index: int) -> dict[str, Any]:
