@@ -415,3 +415,42 @@ def test_little_verify_of_a_fork_finds_an_origin_that_no_longer_holds_what_was_c
     (own,) = [s for s in report.streams if s.name == FORK]
     assert own.problem is not None and "no longer holds the history it copied" in own.problem
     assert f"version {version} is not the row the fork copied" in own.problem
+
+
+def test_a_fork_with_another_input_keeps_a_group_whose_branches_read_the_input(
+    world: World,
+) -> None:
+    """The group before the fork point completed with branches from the origin's input: the
+    fork keeps its result (its branches function is not asked again), and only the steps
+    after the fork point see the new input. Recomputed from the new input, the branch set
+    differed and every resume of the fork was refused."""
+    asked: list[list[str]] = []
+
+    def files(ctx: StepContext) -> list[str]:
+        asked.append(list(ctx.input["files"]))
+        return list(ctx.input["files"])
+
+    def check(ctx: StepContext) -> str:
+        return f"checked {ctx.branch_key}"
+
+    def publish(ctx: StepContext) -> dict[str, object]:
+        return {"files": list(ctx.input["files"]), "checks": dict(ctx.outputs["check"])}
+
+    wf = Workflow(
+        "fork_input_groups",
+        steps=[
+            parallel("check", branches=files, step=task("one", check)),
+            task("publish", publish),
+        ],
+    )
+    asyncio.run(run_workflow(world, wf, {"files": ["a", "b"]}, run_id="run_files"))
+    fork_run(world, "run_files", at="publish", new_run_id="run_files_c", input={"files": ["c"]})
+    asked.clear()
+    result = asyncio.run(run_workflow(world, wf, run_id="run_files_c"))
+    assert result.output == {"files": ["c"], "checks": {"a": "checked a", "b": "checked b"}}
+    assert asked == []
+    assert verify_world(world).ok
+    # A fork that keeps the input still checks the group against it, as any resume does.
+    fork_run(world, "run_files", at="publish", new_run_id="run_files_same")
+    asyncio.run(run_workflow(world, wf, run_id="run_files_same"))
+    assert asked == [["a", "b"]]

@@ -772,6 +772,26 @@ class GroupScheduled(NamedTuple):
     branch_set: Mapping[str, Any]
 
 
+def _kept_by_fork(fold: RunFold, step_path: str) -> StepFold | None:
+    """The group ``step_path`` if it completed in the prefix a fork copied under another run
+    input, else None.
+
+    Its branch set was computed from the origin's input, which the fork no longer holds:
+    recomputed from the new one it would differ (a refusal that leaves the fork unable to
+    resume), and it is the origin's resume that checked it. The fork keeps the group's
+    result as it keeps every step's before its fork point.
+    """
+    origin = fold.forked_from
+    if origin is None or not origin.input_changed:
+        return None
+    done = completed_step(fold, step_path)
+    # RunForked is version 1, the copied rows follow it; 0: a version not known (a
+    # snapshot that named none), checked as any group is.
+    if done is not None and 0 < done.output_version <= origin.copied_events + 1:
+        return done
+    return None
+
+
 class StepExecutor:
     """Runs the steps of one run of ``workflow``, writing through ``writer`` (see the module)."""
 
@@ -1062,6 +1082,9 @@ class StepExecutor:
         """
         if fold is None:
             fold = self.writer.read()
+        kept = _kept_by_fork(fold, step_path)
+        if kept is not None:
+            return Committed(kept, executed=False)
         if step_path in fold.steps and completed_step(fold, step_path) is None:
             # Started before (a resume): no StepStarted append to lose to a cancel.
             self.check_stopped()
