@@ -367,3 +367,22 @@ async def test_an_answer_that_is_no_json_is_a_model_error(
     with pytest.raises(ModelError, match="the answer is not JSON") as info:
         await model.complete(ModelRequest(messages=(Message(role="user", content="hi"),)))
     assert info.value.retryable is False
+
+
+async def test_an_integer_past_64_bits_in_the_arguments_is_refused_not_rounded(
+    chat_server: ChatServer, model: OpenAIChatModel
+) -> None:
+    call = {
+        "id": "call_7",
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "arguments": '{"city": "Paris", "days": 1180591620717411303424}',
+        },
+    }
+    chat_server.replies = [
+        (200, _completion({"role": "assistant", "tool_calls": [call]}, None, model="m"))
+    ]
+    with pytest.raises(ModelError, match=r"arguments\.days is an integer of 71 bits") as info:
+        await model.complete(ModelRequest(messages=(Message(role="user", content="hi"),)))
+    assert info.value.retryable is False

@@ -7,6 +7,7 @@ Ollama, LiteLLM, ...) through ``base_url``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, cast
@@ -22,6 +23,7 @@ except ImportError as _exc:  # pragma: no cover - depends on the installed extra
         "little_es.contrib.openai needs the openai package: pip install 'little-es[openai]'"
     ) from _exc
 
+from little_es._strict import find_problem, has_long_digit_run
 from little_es.contrib._provider import ProviderModel
 from little_es.errors import ModelConfigError
 from little_es.values import JSONValue, Message, ModelRequest, ModelResponse, ToolSpec, Usage
@@ -234,6 +236,12 @@ class OpenAIChatModel(ProviderModel):
                 f"tool call {function.name!r} has arguments that are not a JSON object: {raw!r}",
                 retryable=False,
             )
+        if has_long_digit_run(raw.encode()):
+            # orjson reads an integer past 64 bits as a float: another value than the model's.
+            exact = json.loads(raw)
+            problem = find_problem(exact, f"tool call {function.name!r} arguments", 0)
+            if problem is not None:
+                raise self._error(problem, retryable=False)
         return decoded
 
 
