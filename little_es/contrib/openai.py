@@ -142,7 +142,7 @@ class OpenAIChatModel(ProviderModel):
                 " check that base_url speaks the OpenAI chat-completions protocol",
                 retryable=False,
             ) from exc
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             # The client's own json.loads of a 200 answer that is no JSON (a proxy's page).
             raise self._error(
                 f"the answer is not JSON ({exc}); check that base_url speaks the OpenAI"
