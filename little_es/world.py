@@ -1402,6 +1402,10 @@ def local_world(
             f"data_dir must be a path (str or pathlib.Path), got {type(data_dir).__name__}:"
             " pass the world's directory, e.g. local_world('.little-workflow')"
         )
+    if not str(data_dir).strip():
+        raise WorldConfigError(
+            "data_dir is empty: pass the world's directory, e.g. local_world('.little-workflow')"
+        )
     root = Path(data_dir)
     if "\x00" in str(root):
         raise WorldConfigError("data_dir contains a NUL byte")
@@ -1529,6 +1533,12 @@ def open_world(url: str | None = None) -> World:
         raise WorldConfigError(
             f"a world URL is a string, got {type(url).__name__}: pass e.g."
             " 'sqlite:///path/to/dir', 'postgresql://...' or 'memory://'"
+        )
+    if url is not None and not url.strip():
+        # Most likely a setting that was never filled in: not the default world, silently.
+        raise WorldConfigError(
+            "the world URL is empty: pass e.g. 'sqlite:///path/to/dir', or None for"
+            f" ${WORLD_ENV_VAR} (else {DEFAULT_DATA_DIR!r})"
         )
     url = url or os.environ.get(WORLD_ENV_VAR) or f"sqlite:///{DEFAULT_DATA_DIR}"
     if url.startswith("memory:"):

@@ -254,3 +254,17 @@ def test_open_world_refuses_a_url_that_is_not_a_string(url: Any) -> None:
 def test_local_world_refuses_a_data_dir_that_is_not_a_path(data_dir: Any) -> None:
     with pytest.raises(WorldConfigError, match="data_dir must be a path"):
         local_world(data_dir)
+
+
+def test_an_empty_world_url_or_data_dir_is_refused_not_taken_for_the_default(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A setting never filled in would otherwise open (and create) a world in the cwd.
+    monkeypatch.chdir(tmp_path)
+    for url in ("", "  "):
+        with pytest.raises(WorldConfigError, match="the world URL is empty"):
+            open_world(url)
+    for data_dir in ("", " "):
+        with pytest.raises(WorldConfigError, match="data_dir is empty"):
+            local_world(data_dir)
+    assert not list(tmp_path.iterdir()), "something was created in the working directory"
