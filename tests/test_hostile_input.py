@@ -268,3 +268,32 @@ def test_an_empty_world_url_or_data_dir_is_refused_not_taken_for_the_default(
         with pytest.raises(WorldConfigError, match="data_dir is empty"):
             local_world(data_dir)
     assert not list(tmp_path.iterdir()), "something was created in the working directory"
+
+
+def test_record_run_event_appends_after_a_writer_that_got_there_first(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the run's lease, as cancel_run and signal: an append that loses the version
+    race to another writer (the driver) is decided again on the reloaded stream."""
+    from little_es.world import World as WorldClass
+
+    path = tmp_path / "w"
+    with local_world(path) as first:
+        asyncio.run(run_workflow(first, _flow(1), {"k": 1}, run_id="run_race"))
+        other = local_world(path)
+        load_run = WorldClass.load_run
+        raced: list[str] = []
+
+        def load_then_another_appends(self: Any, run_id: str) -> Any:
+            run = load_run(self, run_id)
+            if not raced:
+                raced.append(run_id)  # between this load and its save: another writer
+                other.record_run_event(run_id, _Note, text="the other writer")
+            return run
+
+        monkeypatch.setattr(WorldClass, "load_run", load_then_another_appends)
+        first.record_run_event("run_race", _Note, text="this writer")
+        monkeypatch.undo()
+        other.close()
+        notes = [e.text for e in first.read_run_log("run_race") if isinstance(e, _Note)]
+    assert raced and notes == ["the other writer", "this writer"]
