@@ -49,6 +49,7 @@ from eventsourcing.persistence import (
 )
 from eventsourcing.utils import resolve_topic
 
+from little_es._strict import MAX_JSON_DEPTH, nests_deeper
 from little_es.errors import (
     AggregateArgumentError,
     AggregateNotFoundError,
@@ -94,13 +95,28 @@ def encode_domain_event(event: Any) -> tuple[str, bytes]:
     Raises :class:`~little_es.errors.EventPayloadError` naming the event when an attribute is
     not JSON (nor a UUID, Decimal or datetime).
     """
+    what = f"cannot record {type(event).__qualname__} of aggregate {event.originator_id}"
     try:
         stored = _MAPPER.to_stored_event(event)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise EventPayloadError(
-            f"cannot record {type(event).__qualname__} of aggregate {event.originator_id}:"
-            f" {exc}; give the event JSON attributes (str, int, float, bool, None, lists,"
+            f"{what}: {exc}; give the event JSON attributes (str, int, float, bool, None, lists,"
             " dicts), UUIDs, Decimals or datetimes"
+        ) from exc
+    if nests_deeper(stored.state):
+        raise EventPayloadError(
+            f"{what}: a value nests deeper than {MAX_JSON_DEPTH} arrays and objects: flatten"
+            " it, or store the deep part as a string"
+        )
+    try:
+        # As every reader will: a dict that looks like the transcoder's own encoding of a
+        # UUID, a Decimal or a datetime ({"_type_": ..., "_data_": ...}) may not decode.
+        _MAPPER.to_domain_event(stored)
+    except Exception as exc:
+        raise EventPayloadError(
+            f"{what}: it would not read back ({type(exc).__name__}: {exc}); a dict with the"
+            " keys '_type_' and '_data_' is read as eventsourcing's encoding of a value:"
+            " rename them"
         ) from exc
     return stored.topic, stored.state
 

@@ -19,7 +19,7 @@ from typing import Any
 from uuid import UUID, uuid4
 
 import pytest
-from eventsourcing.domain import Aggregate
+from eventsourcing.domain import Aggregate, event
 from eventsourcing.persistence import Tracking
 
 from little_es import (
@@ -392,3 +392,47 @@ def test_parallel_branches_change_one_aggregate_each_and_a_group_function_cannot
     with pytest.raises(RunFailedError, match="not available"):
         asyncio.run(run_workflow(world, refused, {}, run_id="run_refused"))
     assert _ticket_events(world, ids["a"]) == ["Opened", "Commented"]
+
+
+class Keeper(Aggregate):
+    """Keeps any JSON document it is given (a payload from an outside API, say)."""
+
+    @event("Kept")
+    def keep(self, document: Any) -> None:
+        self.document = document
+
+
+def _nested(levels: int) -> Any:
+    value: Any = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("document", "match"),
+    [
+        ({"_type_": "uuid_hex", "_data_": "not-a-uuid"}, "would not read back"),
+        (_nested(65), "nests deeper than 64"),
+        (_nested(3000), "maximum recursion depth"),
+    ],
+    ids=["transcoder's own keys", "65 levels", "3000 levels"],
+)
+def test_an_aggregate_event_a_reader_could_not_read_back_fails_its_step_and_writes_nothing(
+    world: World, document: Any, match: str
+) -> None:
+    """Refused before the commit, as the step's own failure: committed, the aggregate could
+    never be read again (nor verified), and the run would fail at the next step that asks."""
+    unit = world.aggregates()
+    keeper_id = unit.add(Keeper()).id
+    world.commit_aggregates(unit)
+
+    def keep(ctx: StepContext) -> str:
+        ctx.aggregates.get(Keeper, keeper_id).keep(document)
+        return "kept"
+
+    wf = Workflow("keeper", steps=[task("keep", keep)])
+    with pytest.raises(RunFailedError, match="EventPayloadError") as failed:
+        asyncio.run(run_workflow(world, wf, {}, run_id="run_keep"))
+    assert match in failed.value.error.message and not failed.value.error.retryable
+    assert world.aggregates().get(Keeper, keeper_id).version == 1
