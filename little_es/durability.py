@@ -338,6 +338,7 @@ class RunRecorder:
         data, read_back = _encode(step_path, output) if encoded is None else encoded
         output_ref = None
         if len(data) > OUTPUT_INLINE_LIMIT:
+            self.world.ensure_recorded()
             output_ref = self.world.artifacts.put(
                 data, run_id=self.run_id, step_path=step_path, media_type=OUTPUT_MEDIA_TYPE
             )

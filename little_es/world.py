@@ -661,6 +661,18 @@ class World:
             return self._open_record()
         return True
 
+    def ensure_recorded(self) -> None:
+        """Record a new world now, as its first save would, before anything is stored beside
+        its database (an artifact).
+
+        An artifact store that holds something while the database holds no record is what
+        an emptied database leaves, which opening refuses (:meth:`_open_record`): a
+        process opening the world between a first run's artifact and its first commit
+        would be refused too.
+        """
+        if self._unrecorded:
+            self.save(self._new_record(LOG_FORMAT_LINKED))
+
     def _new_record(self, log_format: Literal[1, 4]) -> WorldRecord:
         record = WorldRecord()
         record.trigger(WorldCreated, world_id=uuid4().hex, log_format=log_format)

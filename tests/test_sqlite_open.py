@@ -112,6 +112,40 @@ def test_a_world_opened_while_another_process_makes_its_first_commit_is_not_refu
     assert committed
 
 
+def test_a_world_opened_while_another_stores_its_first_runs_large_input_is_not_refused(
+    tmp_path: Path,
+) -> None:
+    """A first run's large input is an artifact stored before the run's first commit: the
+    world records itself before it, so an opener in between finds the record beside the
+    artifact, not an artifact store without a database (what an emptied database leaves)."""
+    import asyncio
+
+    from little_es import Workflow, run_workflow, task
+    from little_es.durability import OUTPUT_INLINE_LIMIT
+
+    directory = tmp_path / "world"
+    first = local_world(directory)
+    put = first.artifacts.put
+    opened: list[str] = []
+
+    def put_then_another_opens(data: bytes, **kwargs: object) -> object:
+        ref = put(data, **kwargs)  # type: ignore[arg-type]
+        with local_world(directory) as second:
+            opened.append(second.name)
+        return ref
+
+    first.artifacts.put = put_then_another_opens  # type: ignore[method-assign]
+    try:
+        big = {"text": "x" * (OUTPUT_INLINE_LIMIT + 1)}
+        wf = Workflow("big_input", steps=[task("a", lambda ctx: len(ctx.input["text"]))])
+        assert asyncio.run(run_workflow(first, wf, big, run_id="run_big")).output == len(
+            big["text"]
+        )
+    finally:
+        first.close()
+    assert opened
+
+
 def test_a_thread_waits_for_the_writer_connection_as_long_as_for_the_files_lock(
     tmp_path: Path,
 ) -> None:
