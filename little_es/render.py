@@ -29,6 +29,7 @@ Statuses are coloured from one table, :data:`STATUS_STYLES`; costs are shown by
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -38,7 +39,7 @@ from typing import Any
 import orjson
 from rich import box
 from rich.console import Console, ConsoleDimensions, ConsoleOptions
-from rich.markup import escape
+from rich.markup import escape as _escape_markup
 from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 from rich.segment import Segments
@@ -64,7 +65,7 @@ from little_es.orchestrator import RunTree, SubRunSummary, list_sub_runs, run_tr
 from little_es.outer_loop import cycle_cost, list_outer_loops, load_outer_loop, loop_totals
 from little_es.replay import ReplayResult, read_run_state
 from little_es.transfer import TransferCounts, TransferProgress
-from little_es.values import Budget, UsageTotals
+from little_es.values import ArtifactRef, Budget, UsageTotals
 from little_es.verify import VerifyReport
 from little_es.world import World
 
@@ -89,6 +90,20 @@ __all__ = [
     "render_tree",
     "status_text",
 ]
+
+
+# C0 and C1 controls but tab and newline (an escape sequence from a log's text would
+# drive the reader's terminal: clear it, retitle it), and the bidi overrides (which
+# reorder how text reads).
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def escape(text: str) -> str:
+    """``text`` for a rich console: its markup escaped, and its control characters shown as
+    ``\\uXXXX`` instead of sent to the terminal (text in a log may come from a model).
+    Every piece of a run's data this module prints goes through it."""
+    return _escape_markup(_CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", text))
+
 
 STATUS_STYLES: Mapping[str, str] = MappingProxyType(
     {
@@ -247,7 +262,8 @@ def render_report(world: World, run_id: str, console: Console) -> MaterializedRu
         at = f" in step {escape(state.stopped_step_path)}" if state.stopped_step_path else ""
         console.print(f"{status_text('timed_out')}{at}: {escape(state.stop_reason or '')}")
     for wait in state.waits.values():
-        if wait.status == "waiting":
+        # A cancelled run takes no signal: no command that would be refused.
+        if wait.status == "waiting" and state.status != "cancelled":
             console.print(
                 f"{status_text('waiting')} in step {escape(wait.step_path)} for signal"
                 f" {escape(wait.signal)}"
@@ -374,9 +390,7 @@ def render_replay(result: ReplayResult, console: Console) -> None:
     table.add_column("output", overflow="fold")
     for step in result.steps:
         if step.output_ref is not None:
-            output = (
-                f"artifact {step.output_ref.artifact_id[:19]}… ({step.output_ref.size:,} bytes)"
-            )
+            output = artifact_text(step.output_ref)
         else:
             output = _short_json(step.output)
         table.add_row(
@@ -656,6 +670,11 @@ def _change_text(change: JsonChange) -> str:
     return f"{change.path}: {_short_json(change.a, 50)} → {_short_json(change.b, 50)}"
 
 
+def artifact_text(ref: ArtifactRef) -> str:
+    """How a value stored as an artifact (too large to inline) is shown in its place."""
+    return f"artifact {ref.artifact_id[:19]}… ({ref.size:,} bytes)"
+
+
 def _both(a: str, b: str) -> str:
     return a if a == b else f"{a} → [bold]{b}[/]"
 
@@ -704,7 +723,7 @@ def render_diff(diff: RunDiff, console: Console) -> RunDiff:
     differing output value by its JSON path. Returns ``diff``."""
     title = (
         f"diff [bold]{escape(diff.run_a)}[/] → [bold]{escape(diff.run_b)}[/] ·"
-        f" {escape(_both(diff.workflow_a or '?', diff.workflow_b or '?'))} ·"
+        f" {_both(escape(diff.workflow_a or '?'), escape(diff.workflow_b or '?'))} ·"
         f" {_both(status_text(diff.status_a), status_text(diff.status_b))}"
     )
     table = Table(title=title, box=box.SIMPLE_HEAD)

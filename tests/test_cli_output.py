@@ -152,3 +152,36 @@ def test_verify_all_keeps_stdout_for_the_report(project: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "verifying streams" not in result.stdout
     assert result.stdout.rstrip().splitlines()[-1].startswith("ok")
+
+
+def test_text_from_the_log_cannot_drive_the_terminal_nor_is_markup() -> None:
+    """A cancel reason, a planner's reason, a model's question: text a log holds may carry
+    escape sequences (clear the screen, retitle the window) or bidi overrides; shown as
+    ``\\u001b``, as ``little replay`` shows them. And a diff of two workflows' runs shows the
+    second one in bold, not the markup that says so."""
+    import asyncio
+
+    from rich.console import Console
+
+    from little_es import Workflow, cancel_run, memory_world, run_workflow, task, wait_for
+    from little_es.diff import diff_runs
+    from little_es.errors import RunWaitingError
+    from little_es.render import escape, render_diff, render_report
+    from tests.test_waits import Decision
+
+    assert escape("a\x1b[2J\u202e [bold]b[/]\tc\nd") == "a\\u001b[2J\\u202e \\[bold]b\\[/]\tc\nd"
+    world = memory_world()
+    waits = Workflow("waits", steps=[wait_for("approve", model=Decision)])
+    with pytest.raises(RunWaitingError):
+        asyncio.run(run_workflow(world, waits, {}, run_id="run_cancelled"))
+    cancel_run(world, "run_cancelled", reason="note \x1b[2J\x1b]0;TITLE\x07 done")
+    asyncio.run(run_workflow(world, Workflow("other", steps=[task("a", lambda c: 1)]), run_id="r2"))
+    console = Console(record=True, width=200, force_terminal=True)
+    render_report(world, "run_cancelled", console)
+    render_diff(diff_runs(world, "run_cancelled", "r2"), console)
+    shown = console.export_text(styles=False)
+    assert "\x1b" not in shown and "\x07" not in shown
+    assert "note \\u001b[2J\\u001b]0;TITLE\\u0007 done" in shown
+    # A cancelled run takes no signal: its report gives no command that would be refused.
+    assert "little signal" not in shown
+    assert "[bold]" not in shown and "waits → other" in shown

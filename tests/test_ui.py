@@ -15,6 +15,7 @@ test is skipped, except under ``CI=true`` where it fails.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import json
 import os
@@ -123,10 +124,10 @@ def drifted_loop(killed_world: tuple[Path, ModuleType], tmp_path: Path) -> str:
     return "loop_d"
 
 
-@pytest.fixture
-def server(killed_world: tuple[Path, ModuleType]) -> Iterator[tuple[str, World]]:
-    """The app served by uvicorn in a thread on a free port; stopped (and joined) after."""
-    world = local_world(killed_world[0])
+@contextlib.contextmanager
+def _served(world: World) -> Iterator[str]:
+    """The app over ``world`` served by uvicorn in a thread on a free port; its base URL.
+    Stopped (and joined) after."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -138,13 +139,23 @@ def server(killed_world: tuple[Path, ModuleType]) -> Iterator[tuple[str, World]]
         assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
         time.sleep(0.02)
     try:
-        yield f"http://127.0.0.1:{port}", world
+        yield f"http://127.0.0.1:{port}"
     finally:
         srv.should_exit = True
         thread.join(10)
         sock.close()
-        world.close()
         assert not thread.is_alive()
+
+
+@pytest.fixture
+def server(killed_world: tuple[Path, ModuleType]) -> Iterator[tuple[str, World]]:
+    """The app over the killed world, served (see :func:`_served`)."""
+    world = local_world(killed_world[0])
+    try:
+        with _served(world) as base:
+            yield base, world
+    finally:
+        world.close()
 
 
 def _chromium() -> str:
@@ -434,3 +445,42 @@ def test_a_port_outside_the_tcp_range_is_refused_by_the_cli() -> None:
         result = CliRunner().invoke(app, ["ui", "--world", "memory://", "--port", port])
         assert result.exit_code == 2, result.output
         assert "--port" in result.output
+
+
+def _fetch(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_artifacts_and_an_unreadable_log_are_shown_not_null_or_a_bare_500(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A run input and output stored as artifacts show as such (they showed ``null``); a log
+    the server cannot read (an event type it did not import) is a page that says so, as
+    ``little runs`` says it in one line, not a bare 500 with a traceback."""
+    import orjson
+
+    from little_es import memory_world
+    from little_es.durability import OUTPUT_INLINE_LIMIT
+    from little_es.events import utc_now
+    from little_es.ids import run_stream_id
+    from little_es.testing.logs import append_raw_row
+
+    world = memory_world()
+    big = {"text": "x" * (OUTPUT_INLINE_LIMIT + 1)}
+    wf = Workflow("big_io", steps=[task("echo", lambda ctx: dict(ctx.input))])
+    asyncio.run(run_workflow(world, wf, big, run_id="run_big"))
+    with _served(world) as base:
+        status, body = _fetch(base + "/runs/run_big")
+        assert status == 200
+        assert body.count("artifact sha256:") >= 3  # the input, the output, the step's
+        assert "<pre>null</pre>" not in body
+        state = orjson.dumps({"timestamp": utc_now().isoformat()})
+        append_raw_row(world, run_stream_id("run_big"), "acme.FromTheFuture", state)
+        for path in ("/runs/run_big", "/"):
+            status, body = _fetch(base + path)
+            assert status == 500 and "acme.FromTheFuture" in body, (path, body[:300])
+    assert "Traceback" not in caplog.text

@@ -28,7 +28,12 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from little_es.errors import InvalidRunIdError, OuterLoopNotFoundError, RunNotFoundError
+from little_es.errors import (
+    InvalidRunIdError,
+    LittleEsError,
+    OuterLoopNotFoundError,
+    RunNotFoundError,
+)
 from little_es.projections import RunsProjection
 from little_es.ui.html import (
     document,
@@ -146,4 +151,12 @@ def create_app(world: World, *, extra_pages: Sequence[ExtraPage] = ()) -> Starle
         Route("/loops/{loop_id}", loop),
         *(Route(p.path, extra(p)) for p in extra_pages),
     ]
-    return Starlette(routes=routes)
+
+    async def unreadable(request: Request, exc: Exception) -> Response:
+        # What `little runs` says in one line (an event type not imported, a tampered
+        # log): a page that says it, not a bare 500 and a traceback in the server's log.
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"error": str(exc)}, status_code=500)
+        return page("cannot read the world", error_body(str(exc)), 500)
+
+    return Starlette(routes=routes, exception_handlers={LittleEsError: unreadable})

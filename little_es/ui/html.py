@@ -24,13 +24,14 @@ from little_es.domain import OuterLoop
 from little_es.orchestrator import RunTree
 from little_es.render import (
     STATUS_STYLES,
+    artifact_text,
     budget_text,
     cost_text,
     decision_text,
     signal_command_text,
 )
 from little_es.ui.pages import RUN_FILTERS, LoopPage, LoopRow, ModelCall, RunPage, ToolCallView
-from little_es.values import UsageTotals
+from little_es.values import ArtifactRef, UsageTotals
 
 __all__ = [
     "NavLink",
@@ -121,6 +122,11 @@ def esc(value: object) -> str:
 def _json(value: Any) -> str:
     text = orjson.dumps(value, option=orjson.OPT_INDENT_2, default=str).decode()
     return f"<pre>{esc(text)}</pre>"
+
+
+def _value(value: Any, ref: ArtifactRef | None) -> str:
+    """A run's input or output: the JSON, or the artifact that holds it when too large."""
+    return f"<p>{esc(artifact_text(ref))}</p>" if ref is not None else _json(value)
 
 
 def _short(value: Any, limit: int = 80) -> str:
@@ -272,7 +278,9 @@ def _timeline(page: RunPage) -> str:
                 f'<details id="err-{i}"><summary>{esc(a.error.type)}</summary>'
                 f"<pre>{esc(a.error.message)}</pre></details>"
             )
-        if a.outcome == "completed" and a.output is not None:
+        if a.output_ref is not None:
+            extra += f' <span class="muted">output: {esc(artifact_text(a.output_ref))}</span>'
+        elif a.outcome == "completed" and a.output is not None:
             extra += (
                 f'<details id="out-{i}"><summary>output <span class="muted">'
                 f"{esc(_short(a.output, 60))}</span></summary>{_json(a.output)}</details>"
@@ -422,7 +430,8 @@ def run_body(page: RunPage) -> str:
     if s.stop_reason:
         notes += f"<p>stopped: {esc(s.stop_reason)}</p>"
     for wait in s.waits.values():
-        if wait.status == "waiting":
+        # A cancelled run takes no signal: no command that would be refused.
+        if wait.status == "waiting" and s.status != "cancelled":
             until = f" until {esc(wait.deadline.isoformat())}" if wait.deadline else ""
             asks = f": {esc(wait.question)}" if wait.question else ""
             notes += (
@@ -430,9 +439,12 @@ def run_body(page: RunPage) -> str:
                 f" {esc(wait.signal)}{until}{asks} · <code>"
                 f"{esc(signal_command_text(page.run_id, wait))}</code></p>"
             )
-    io = f'<details id="run-input"><summary>input</summary>{_json(s.input)}</details>'
+    io = f'<details id="run-input"><summary>input</summary>{_value(s.input, s.input_ref)}</details>'
     if s.status == "completed":
-        io += f'<details id="run-output"><summary>output</summary>{_json(s.output)}</details>'
+        io += (
+            f'<details id="run-output"><summary>output</summary>'
+            f"{_value(s.output, s.output_ref)}</details>"
+        )
     sessions = _sessions(page)
     return (
         f"<h1>run {esc(page.run_id)}</h1>{_facts(facts)}{notes}{io}"

@@ -51,7 +51,14 @@ from little_es.outer_loop import (
 )
 from little_es.projections import RunsProjection, list_runs
 from little_es.totals import run_tree_totals
-from little_es.values import ErrorInfo, JSONValue, Message, ModelResponse, UsageTotals
+from little_es.values import (
+    ArtifactRef,
+    ErrorInfo,
+    JSONValue,
+    Message,
+    ModelResponse,
+    UsageTotals,
+)
 from little_es.world import World
 
 __all__ = [
@@ -98,6 +105,8 @@ class StepAttempt:
     error: ErrorInfo | None = None
     output: JSONValue = None
     session_id: UUID | None = None
+    output_ref: ArtifactRef | None = None
+    """The artifact that holds the output when it was too large to inline."""
 
 
 @dataclass(slots=True)
@@ -316,8 +325,10 @@ def _timeline(
                 if index is None:
                     continue
                 a = attempts[index]
+                output_ref = None
                 if isinstance(event, StepCompleted):
                     outcome, error, output = "completed", None, event.output
+                    output_ref = event.output_ref
                 else:
                     outcome = "retrying" if event.will_retry else "failed"
                     error, output = event.error, None
@@ -332,6 +343,7 @@ def _timeline(
                     error,
                     output,
                     a.session_id,
+                    output_ref,
                 )
             case SessionStarted():
                 view = sessions.setdefault(
