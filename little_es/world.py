@@ -959,9 +959,12 @@ class World:
         is: when another writer (the driver) appended first, the event is appended
         again after what it appended (:mod:`little_es.durability`).
         """
+        # The run id (and that the run exists) first, as every entry point checks it.
+        run = self.load_run(run_id)
         _check_own_run_event(event_class)
         for attempt in range(_FOREIGN_APPEND_ATTEMPTS):
-            run = self.load_run(run_id)
+            if attempt:
+                run = self.load_run(run_id)
             event = run.trigger(event_class, **fields)
             check_leases()
             try:
