@@ -98,11 +98,16 @@ __all__ = [
 _CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
+def printable(text: str) -> str:
+    """``text`` with its control characters shown as ``\\uXXXX`` instead of sent to the
+    terminal (text in a log may come from a model); for plain output, as an error line."""
+    return _CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 def escape(text: str) -> str:
-    """``text`` for a rich console: its markup escaped, and its control characters shown as
-    ``\\uXXXX`` instead of sent to the terminal (text in a log may come from a model).
-    Every piece of a run's data this module prints goes through it."""
-    return _escape_markup(_CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", text))
+    """``text`` for a rich console: :func:`printable`, its markup escaped. Every piece of a
+    run's data this module prints goes through it."""
+    return _escape_markup(printable(text))
 
 
 STATUS_STYLES: Mapping[str, str] = MappingProxyType(

@@ -185,3 +185,10 @@ def test_text_from_the_log_cannot_drive_the_terminal_nor_is_markup() -> None:
     # A cancelled run takes no signal: its report gives no command that would be refused.
     assert "little signal" not in shown
     assert "[bold]" not in shown and "waits → other" in shown
+
+
+def test_an_error_line_that_quotes_a_log_sends_no_escape_sequence() -> None:
+    # A message may quote a log's text (a cancel reason, a topic): printed as \u001b.
+    from little_es.cli import _one_line
+
+    assert _one_line(RuntimeError("stop \x1b[2J\n  now")) == "stop \\u001b[2J now"

@@ -58,6 +58,7 @@ from typer.core import TyperGroup
 from little_es.cli import fork, inspection, operate, prices, run, signal, transfer, ui, unlock
 from little_es.cli.common import IMPORT_ENV_VAR, import_modules
 from little_es.errors import LittleEsError
+from little_es.render import printable
 
 __all__ = ["OPTIONAL_COMMANDS", "PLUGIN_GROUP", "app"]
 
@@ -69,7 +70,8 @@ OPTIONAL_COMMANDS: Mapping[str, str] = MappingProxyType({"worker": "temporal", "
 
 
 def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
+    # A message may quote a log's text (a cancel reason): no escape sequence reaches stderr.
+    return printable(" ".join(str(exc).split())) or type(exc).__name__
 
 
 class _LittleGroup(TyperGroup):

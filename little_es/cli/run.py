@@ -15,14 +15,13 @@ import orjson
 import typer
 from rich.console import Console
 from rich.live import Live
-from rich.markup import escape
 
 from little_es._threads import set_max_worker_threads
 from little_es.cli.common import WorldOption, importable_cwd, load_json
 from little_es.engine.local import run_workflow
 from little_es.errors import RunNotFoundError, RunStoppedError, RunWaitingError, WorkflowRefError
 from little_es.events import Event
-from little_es.render import StepBoard, signal_command_text
+from little_es.render import StepBoard, escape, signal_command_text
 from little_es.values import Budget
 from little_es.workflow.authoring import Workflow
 from little_es.world import open_world
