@@ -960,13 +960,23 @@ class World:
         again after what it appended (:mod:`little_es.durability`).
         """
         # The run id (and that the run exists) first, as every entry point checks it.
-        run = self.load_run(run_id)
+        loaded = [self.load_run(run_id)]
         _check_own_run_event(event_class)
-        for attempt in range(_FOREIGN_APPEND_ATTEMPTS):
-            if attempt:
-                run = self.load_run(run_id)
+
+        def decide() -> tuple[Run, E]:
+            run = loaded.pop() if loaded else self.load_run(run_id)
             event = run.trigger(event_class, **fields)
             check_leases()
+            return run, event
+
+        return self._append_without_lease(decide)
+
+    def _append_without_lease(self, decide: Callable[[], tuple[Run, E]]) -> E:
+        """Save the run ``decide()`` loaded and appended to; when another writer (the driver)
+        appended first, ``decide()`` again on the stream as it is now (the protocol of
+        :mod:`little_es.durability` for writers without the run's lease)."""
+        for attempt in range(_FOREIGN_APPEND_ATTEMPTS):
+            run, event = decide()
             try:
                 self.save(run)
             except ConcurrencyConflictError:
@@ -1018,7 +1028,12 @@ class World:
                 f"digest {digest!r} is not a digest: give the action digest the run waits for"
                 " (64 hex digits, or a prefix of at least 12), as `little runs --waiting` shows"
             )
-        for attempt in range(_FOREIGN_APPEND_ATTEMPTS):
+        where = f"run {run_id!r} signal {name!r}"
+
+        def decide() -> tuple[Run, SignalReceived]:
+            # Again after another writer appended: a second signal for the wait is then
+            # refused as a duplicate.
+            nonlocal where
             run = self.load_run(run_id)
             wait = _wait_for_signal(
                 run_id, run.fold.status, run.fold.waits, name, wait_id, digest, signal_id
@@ -1036,20 +1051,13 @@ class World:
                 sent_by=sent_by or f"pid {os.getpid()} on {_hostname()}",
                 action_digest=wait.action_digest,
             )
-            try:
-                self.save(run)
-            except EventPayloadError as exc:
-                # Valid for the model, not for the log (NaN, infinities): refused, unrecorded.
-                raise SignalDataError(f"{where}: {exc}") from exc
-            except ConcurrencyConflictError:
-                # The driver (or another sender) appended first: decide again on the stream
-                # as it is now; a second signal for the wait is then refused as a duplicate.
-                if attempt + 1 == _FOREIGN_APPEND_ATTEMPTS:
-                    raise
-                _after_conflict(attempt)
-                continue
-            return event
-        raise AssertionError("unreachable")  # pragma: no cover
+            return run, event
+
+        try:
+            return self._append_without_lease(decide)
+        except EventPayloadError as exc:
+            # Valid for the model, not for the log (NaN, infinities): refused, unrecorded.
+            raise SignalDataError(f"{where}: {exc}") from exc
 
     def aggregates(self) -> StepAggregates:
         """A unit of work over your eventsourcing aggregates outside a step (a step has

@@ -219,9 +219,10 @@ class PaymentDeclinedError(Exception):
     retryable = False
 
 
-def _paying_workflow(base_url: str, ran: list[str]) -> Workflow:
-    """Turn 1 asks for ``lookup`` and ``add``; ``lookup`` raises a non-retryable error,
-    which ends the step (Pydantic AI lets a tool's exception through)."""
+def _tools_workflow(base_url: str, ran: list[str], *, lookup_declines: bool) -> Workflow:
+    """Turn 1 asks for ``lookup`` and ``add``. With ``lookup_declines`` it raises a
+    non-retryable error, which ends the step (Pydantic AI lets a tool's exception through).
+    ``ran`` gets each real tool call."""
     agent = Agent(
         OpenAIChatModel("gpt-4o-mini", provider=OpenAIProvider(base_url=base_url, api_key="k")),
         name="payer",
@@ -232,7 +233,9 @@ def _paying_workflow(base_url: str, ran: list[str]) -> Workflow:
     def lookup(ctx: RunContext[None], key: str) -> int:
         """Look a key up (it charges a card)."""
         ran.append("lookup")
-        raise PaymentDeclinedError("card declined")
+        if lookup_declines:
+            raise PaymentDeclinedError("card declined")
+        return 1
 
     @agent.tool
     def add(ctx: RunContext[None], a: int, b: int) -> int:
@@ -270,7 +273,7 @@ def test_a_tool_failure_answered_from_the_log_fails_the_step_as_it_did(
             raise _Crash
 
     try:
-        wf = _paying_workflow(server.base_url, ran)
+        wf = _tools_workflow(server.base_url, ran, lookup_declines=True)
         with local_world(tmp_path / "w") as world:
             with monkeypatch.context() as mp:
                 mp.setattr(integration._Recorder, "save", save_then_crash)
@@ -294,8 +297,9 @@ def test_a_request_the_provider_refuses_for_good_is_not_retried(tmp_path: Path) 
     each of which would run the committed tools again in a new session."""
     server = ChatServer(status_for_turn={2: 400})
     httpd = start_server(server)
+    ran: list[str] = []
     try:
-        wf = _adding_workflow(server.base_url)
+        wf = _tools_workflow(server.base_url, ran, lookup_declines=False)
         with local_world(tmp_path / "w") as world:
             with pytest.raises(RunFailedError) as failed:
                 asyncio.run(run_workflow(world, wf, {}, run_id="run_400"))
@@ -307,24 +311,4 @@ def test_a_request_the_provider_refuses_for_good_is_not_retried(tmp_path: Path) 
     assert "HTTP 400" in failed.value.error.message
     assert [e.attempt for e in log if isinstance(e, StepStarted)] == [1]
     assert dict(server.requests) == {1: 1, 2: 1}
-
-
-def _adding_workflow(base_url: str) -> Workflow:
-    agent = Agent(
-        OpenAIChatModel("gpt-4o-mini", provider=OpenAIProvider(base_url=base_url, api_key="k")),
-        name="adder",
-        instructions="Add.",
-    )
-
-    @agent.tool
-    def lookup(ctx: RunContext[None], key: str) -> int:
-        """Look a key up."""
-        return 1
-
-    @agent.tool
-    def add(ctx: RunContext[None], a: int, b: int) -> int:
-        """Add two numbers."""
-        return a + b
-
-    step = pydantic_ai_step("add", agent, prompt="add", retry=RetryPolicy(max_attempts=3))
-    return Workflow("pydantic_ai_add", steps=[step])
+    assert sorted(ran) == ["add", "lookup"], "a retry ran the committed tools again"
