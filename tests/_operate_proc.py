@@ -118,7 +118,12 @@ AGENT = Workflow(
 TREE = Workflow("op-tree", steps=[task("start", _step), subworkflow("sub", AGENT)])
 """The agent workflow as a sub-run: a budget over the run covers it."""
 
-_WORKFLOWS = {"slow": SLOW, "agent": AGENT, "tree": TREE}
+NESTED = Workflow(
+    "op-nested", steps=[task("start", _step), subworkflow("inner", SLOW), task("end", _step)]
+)
+"""The slow workflow as a sub-run: a cancel of the parent stops it too."""
+
+_WORKFLOWS = {"slow": SLOW, "agent": AGENT, "tree": TREE, "nested": NESTED}
 
 
 def main(argv: list[str]) -> int:

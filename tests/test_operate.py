@@ -121,6 +121,49 @@ def test_a_cancelled_run_stops_before_its_next_step_and_resumes_only_when_asked(
     assert result.state.status == "completed" and ran == ["a", "b", "c"]
 
 
+@pytest.mark.parametrize("after", ["task", "parallel"])
+def test_a_sub_run_stops_with_its_cancelled_parent_before_its_next_step(
+    world: World, after: str
+) -> None:
+    ran: list[str] = []
+
+    def cancel_the_parent(ctx: StepContext) -> str:
+        ran.append("child a")
+        assert cancel_run(world, "run_cp", reason="stop") is not None
+        return "kept"
+
+    def next_one(ctx: StepContext) -> str:
+        ran.append("child next")
+        return "next"
+
+    # A task's start and a parallel group's own start are both step boundaries.
+    nxt = (
+        task("next", next_one)
+        if after == "task"
+        else parallel("next", branches=lambda ctx: ["x"], step=task("each", next_one))
+    )
+    child = Workflow("child-flow", steps=[task("a", cancel_the_parent), nxt])
+    parent = Workflow(
+        "parent-flow",
+        steps=[subworkflow("sub", child), task("after", lambda ctx: ran.append("after"))],
+    )
+    with pytest.raises(RunCancelledError, match="'run_cp' was cancelled \\(stop\\)"):
+        _run(world, parent, "run_cp", {})
+    assert ran == ["child a"]
+    state = replay_run(world, "run_cp").state
+    (sub_id,) = state.sub_run_ids
+    sub = replay_run(world, sub_id).state
+    # The child keeps the step it was in, starts nothing more and records no stop of
+    # its own: it goes on when its parent does.
+    assert state.status == "cancelled" and state.steps["sub"].status == "running"
+    assert sub.status == "running" and list(sub.steps) == ["a"]
+    assert sub.steps["a"].status == "completed"
+    for run_id in ("run_cp", sub_id):
+        assert not any(isinstance(e, StepFailed | RunFailed) for e in world.read_run_log(run_id))
+    result = _run(world, parent, "run_cp", resume_cancelled=True)
+    assert result.state.status == "completed" and ran == ["child a", "child next", "after"]
+
+
 def test_cancel_refuses_a_completed_run_and_an_unknown_one(world: World) -> None:
     wf = Workflow("done-flow", steps=[task("a", lambda ctx: 1)])
     _run(world, wf, "run_done", {})
@@ -458,7 +501,7 @@ def test_a_budget_must_be_a_budget(world: World) -> None:
 
 class _Writer:
     """Where a guard reads its run's position and makes its check: the real executor's
-    two calls, answered here so the guard's own bookkeeping can be watched."""
+    calls, answered here so the guard's own bookkeeping can be watched."""
 
     def __init__(self) -> None:
         self.stream = UUID(int=7)
@@ -477,7 +520,11 @@ def _guard() -> tuple[Any, _Writer]:
     from little_es.engine.executor import StepGuard
 
     writer = _Writer()
-    executor = SimpleNamespace(writer=writer, check_stopped=writer.check_stopped)
+    executor = SimpleNamespace(
+        writer=writer,
+        check_stopped=writer.check_stopped,
+        check_parents_stopped=lambda unchanged: None,  # a run with no parent
+    )
     begun = SimpleNamespace(step=None, step_path="plan")
     return StepGuard(executor, begun, None), writer  # type: ignore[arg-type]
 

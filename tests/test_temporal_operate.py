@@ -190,6 +190,56 @@ async def test_cancel_on_temporal_stops_before_the_next_step_and_resumes_when_as
     assert _ledger(ledger) == Counter({"step first": 1, "step slow": 1, "step last": 1})
 
 
+async def test_a_cancel_on_temporal_stops_the_sub_run_after_its_step_in_flight(
+    client: Client, tmp_path: Path, ledger: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # As locally: the child's step in flight keeps its result, its next one never
+    # starts, and it goes on when its parent is resumed.
+    monkeypatch.setattr(op, "_sleep_s", 2.0)
+    queue = f"q-{uuid.uuid4().hex[:12]}"
+    with local_world(tmp_path / "world") as world:
+        worker = create_worker(client, world, workflows=[op.NESTED], task_queue=queue)
+        async with worker:
+            handle = await start_run(
+                client, op.NESTED, {}, run_id="run_t_nested", task_queue=queue, timeouts=_FAST
+            )
+            deadline = time.monotonic() + 30
+            while "step slow" not in _ledger(ledger):
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.02)
+            await cancel_run(client, world, "run_t_nested", reason="not needed")
+            with pytest.raises(WorkflowFailureError) as failure:
+                await handle.result()
+            assert isinstance(failure.value.cause, CancelledError)
+            (sub_id,) = replay_run(world, "run_t_nested").state.sub_run_ids
+            deadline = time.monotonic() + 30
+            while replay_run(world, sub_id).state.steps["slow"].status != "completed":
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(1.0)
+            assert _ledger(ledger) == Counter({"step start": 1, "step first": 1, "step slow": 1})
+            sub = replay_run(world, sub_id).state
+            assert sub.status == "running" and "last" not in sub.steps
+            assert replay_run(world, "run_t_nested").state.status == "cancelled"
+            for run_id in ("run_t_nested", sub_id):
+                events = _run_events(world, run_id)
+                assert not any(isinstance(e, StepFailed | RunFailed) for e in events)
+            resumed = await start_run(
+                client,
+                op.NESTED,
+                run_id="run_t_nested",
+                task_queue=queue,
+                timeouts=_FAST,
+                resume_cancelled=True,
+            )
+            await resumed.result()
+        await asyncio.sleep(0.2)
+        assert replay_run(world, "run_t_nested").state.status == "completed"
+    assert _ledger(ledger) == Counter(
+        {"step start": 1, "step first": 1, "step slow": 1, "step last": 1, "step end": 1}
+    )
+
+
 async def test_a_budget_over_a_sub_run_on_temporal_records_no_failure_in_the_parent(
     client: Client, tmp_path: Path, ledger: Path
 ) -> None:

@@ -64,6 +64,7 @@ from little_es_temporal.activities import (
 )
 from little_es_temporal.errors import TemporalAdapterError, gave_up_error, to_application_error
 from little_es_temporal.models import ACTIVITY_NAMES, RUN_STEP, StepDone, StepInput, WaitNotice
+from little_es_temporal.stream import TemporalRunWriter
 
 __all__ = ["LittleInterceptor", "StepBusyError", "run_step_durably"]
 
@@ -183,8 +184,14 @@ async def run_step_durably(
 
 
 def _cancelled_in_log(activities: LittleActivities, run_id: str) -> bool:
+    # A sub-run's child workflow is cancelled with its parent's: a cancelled parent
+    # counts, and the step goes on to where it sees that (check_parents_stopped).
     recorder = activities.runs.recorder(run_id)
-    return recorder is not None and recorder.fold.status == "cancelled"
+    if recorder is None:
+        return False
+    writer = TemporalRunWriter(activities.runs, activities.world, run_id)
+    parents = (fold for _, fold in writer.parents())
+    return any(fold.status == "cancelled" for fold in (recorder.fold, *parents))
 
 
 async def _run_step(

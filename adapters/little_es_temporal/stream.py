@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -109,6 +109,19 @@ class TemporalRunWriter(RunWriter):
     def watched(self) -> tuple[UUID, int] | None:
         recorder = self._cache.cached(self.run_id)
         return None if recorder is None else recorder.watched()
+
+    def parents(self) -> Iterator[tuple[str, RunFold]]:
+        # A child workflow's parents are other workflows: their logs say whether one
+        # was cancelled (a parent's id never changes once its child started).
+        seen = {self.run_id}
+        parent_id = self.read().parent_run_id
+        while parent_id is not None and parent_id not in seen:
+            seen.add(parent_id)
+            recorder = self._cache.recorder(parent_id)
+            if recorder is None:
+                return
+            yield parent_id, recorder.fold
+            parent_id = recorder.fold.parent_run_id
 
     def _recorder(self) -> RunRecorder:
         recorder = self._cache.recorder(self.run_id)

@@ -65,7 +65,7 @@ import asyncio
 import hashlib
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple, TypeAlias, TypeVar
@@ -570,12 +570,13 @@ class StepGuard:
         unchanged = NOTHING_READ
         if held is not None and held[1] is not None and held[1] is _current_task():
             unchanged = held[0].unchanged_at()
-        self._check_stop(unchanged)
+        self.check_stopped_through(unchanged)
 
-    def _check_stop(self, unchanged: Mapping[UUID, int]) -> None:
+    def check_stopped_through(self, unchanged: Mapping[UUID, int] = NOTHING_READ) -> None:
+        """Raise :class:`~little_es.errors.RunCancelledError` if this step's run, or one of
+        its parents, was cancelled (``unchanged``: see :meth:`RunWriter.refresh`)."""
         self.executor.check_stopped(unchanged)
-        if isinstance(self.parent, StepGuard):
-            self.parent._check_stop(unchanged)
+        self.executor.check_parents_stopped(unchanged)
 
     def _trackers(self) -> tuple[BudgetTracker, ...]:
         if self._step is _UNRESOLVED:
@@ -663,6 +664,13 @@ class RunWriter(ABC):
         """The run's stream and version for a commit to read past on :meth:`refresh`'s
         behalf (:class:`~little_es.backends.base.StreamWatch`), or None (nothing to offer)."""
         return None
+
+    def parents(self) -> Iterator[tuple[str, RunFold]]:
+        """The id and state of each parent of a sub-run whose driver is not in this process,
+        nearest first, with everything committed so far; none for a writer whose
+        sub-runs are driven beside their parents (the executor asks those through the
+        parent step's guard)."""
+        return iter(())
 
     @abstractmethod
     def outputs(self, fold: RunFold) -> Mapping[str, Any]:
@@ -821,6 +829,17 @@ class StepExecutor:
         if fold.status == "cancelled":
             raise RunCancelledError(self.run_id, fold.stop_reason)
 
+    def check_parents_stopped(self, unchanged: Mapping[UUID, int] = NOTHING_READ) -> None:
+        """Raise :class:`~little_es.errors.RunCancelledError` if a parent of this sub-run was
+        cancelled: a sub-run stops with its parent, before its next step as before its
+        next call. A parent driven in this process is asked through its step's guard;
+        one driven elsewhere (a Temporal parent workflow) through its log."""
+        if isinstance(self.parent_guard, StepGuard):
+            self.parent_guard.check_stopped_through(unchanged)
+        for parent_id, parent in self.writer.parents():
+            if parent.status == "cancelled":
+                raise RunCancelledError(parent_id, parent.stop_reason)
+
     def context(
         self,
         fold: RunFold,
@@ -878,6 +897,8 @@ class StepExecutor:
                 return Committed(recorded, executed=False)
             if start and rec.fold.status == "cancelled":
                 raise RunCancelledError(self.run_id, rec.fold.stop_reason)
+            if start:
+                self.check_parents_stopped()
             attempt, in_flight, limit = next_attempt(recorded, max_attempts)
             if start and not in_flight:
                 rec.step_started(
@@ -1093,6 +1114,7 @@ class StepExecutor:
             def start(rec: RunRecorder) -> None:
                 if rec.fold.status == "cancelled":
                     raise RunCancelledError(self.run_id, rec.fold.stop_reason)
+                self.check_parents_stopped()
                 if step_path not in rec.fold.steps:
                     rec.step_started(
                         step_path, step_id=group.id, kind="parallel", visit=visit, attempt=1
