@@ -1239,9 +1239,12 @@ class World:
         head says they were written: it existed, and must not be taken for new.
         """
         stream_id = run_stream_id(run_id)
-        if self.app.recorder.select_events(stream_id, limit=1):
-            return True
-        head = self.backend.stream_head(stream_id)
+        try:
+            if self.app.recorder.select_events(stream_id, limit=1):
+                return True
+            head = self.backend.stream_head(stream_id)
+        except PersistenceError as exc:
+            raise self._storage_error("read", exc) from exc
         if head is not None:
             verify_stream(stream_id, (), head, legacy=self._legacy)  # raises: rows deleted
         return False

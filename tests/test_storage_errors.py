@@ -9,7 +9,9 @@ back continues the attempt in flight.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from eventsourcing.domain import Aggregate, event
 from eventsourcing.persistence import OperationalError, StoredEvent
 
 from little_es import RetryPolicy, WorldStorageError
@@ -27,7 +30,9 @@ from little_es.harness.model import ScriptedModel
 from little_es.ids import session_stream_id
 from little_es.replay import replay_run
 from little_es.workflow.authoring import Workflow, agent, task
+from little_es.workflow.context import StepContext
 from little_es.world import World, local_world
+from tests.conftest import WorldSpec
 from tests.test_refusals import RUN, SCRIPT, _prep, _prompt, _tools
 
 REPO = Path(__file__).resolve().parents[1]
@@ -263,3 +268,79 @@ def test_an_artifact_the_disk_refuses_stops_the_run_with_nothing_recorded(tmp_pa
     with local_world(world_dir) as world:
         assert not [e for e in world.read_run_log("run_art") if isinstance(e, StepFailed)]
     assert child("none") == "completed"
+
+
+class _Ticket(Aggregate):
+    @event("Opened")
+    def __init__(self, subject: str) -> None:
+        self.subject = subject
+
+
+@pytest.mark.backends("mariadb")
+async def test_a_mariadb_connection_killed_under_a_steps_read_is_no_step_failure(
+    world_spec: WorldSpec,
+) -> None:
+    # What the server's wait_timeout or a proxy's restart does to a long-lived worker's
+    # pooled connections: the step's next read is the database failing, not the step.
+    ran: list[str] = []
+    with world_spec.open() as world, world_spec.connect_mysql() as admin:
+        unit = world.aggregates()
+        ticket = _Ticket(subject="printer on fire")
+        unit.add(ticket)
+        world.commit_aggregates(unit)
+
+        def reply(ctx: StepContext) -> dict[str, str]:
+            ran.append(ctx.step_path)
+            if len(ran) == 1:
+                with admin.cursor() as cur:
+                    cur.execute(
+                        "SELECT id FROM information_schema.processlist WHERE db = DATABASE()"
+                        " AND id <> CONNECTION_ID() AND id NOT IN"
+                        " (SELECT connection_id FROM little_es_lease_holders)"
+                    )
+                    for (pooled,) in cur.fetchall():
+                        cur.execute(f"KILL {int(pooled)}")
+            found = ctx.aggregates.get(_Ticket, ticket.id)
+            return {"subject": found.subject}
+
+        wf = Workflow("tickets", version="1", steps=[task("reply", reply)])
+        with pytest.raises(WorldStorageError, match=r"failed a read: .*Lost connection"):
+            await run_workflow(world, wf, {}, run_id="run_ticket")
+        events = world.read_run_log("run_ticket")
+        assert not any(isinstance(e, StepFailed | RunFailed) for e in events)
+        assert replay_run(world, "run_ticket").state.steps["reply"].status == "running"
+        result = await run_workflow(world, wf, run_id="run_ticket")
+        assert result.state.output == {"subject": "printer on fire"}
+        assert result.state.steps["reply"].attempts == 1  # the attempt in flight, continued
+
+
+@pytest.mark.backends("sqlite", "postgres", "mariadb")
+async def test_a_lease_the_database_cannot_give_is_a_storage_error(
+    world_spec: WorldSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wf = Workflow("leased", version="1", steps=[task("a", lambda ctx: 1)])
+    with world_spec.open() as world:
+        await run_workflow(world, wf, {}, run_id="run_leased")
+        leases = world.backend.leases
+        # Where the leases are taken, made unreachable for real: the SQLite lock files'
+        # directory removed, a server's lease connections sent to a port nobody serves.
+        if world_spec.backend == "sqlite":
+            assert world_spec.data_dir is not None
+            shutil.rmtree(world_spec.data_dir / "leases")
+        elif world_spec.backend == "postgres":
+            monkeypatch.setattr(leases, "_conninfo", "postgresql://postgres@127.0.0.1:1/test")
+        else:
+            info = leases._info  # type: ignore[attr-defined]
+            monkeypatch.setattr(leases, "_info", dataclasses.replace(info, port=1))
+        for run_id in ("run_leased", "run_new"):
+            with pytest.raises(
+                WorldStorageError, match=f"could not take the lease on run '{run_id}'"
+            ):
+                await run_workflow(world, wf, {}, run_id=run_id)
+        if world_spec.backend != "sqlite":  # no lock file to look at is no holder there
+            with pytest.raises(WorldStorageError, match="could not read the lease"):
+                world.lease_holder("run_leased")
+            with pytest.raises(WorldStorageError, match="could not break the lease"):
+                world.break_lease("run_leased")
+        assert not world.run_exists("run_new")
+        assert [type(e).__name__ for e in world.read_run_log("run_leased")][-1] == "RunCompleted"

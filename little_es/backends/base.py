@@ -374,6 +374,24 @@ class RunLeases(ABC):
     A live holder can lose its lease; it learns so from :meth:`Lease.check`.
     """
 
+    driver_errors: ClassVar[tuple[type[Exception], ...]] = ()
+    """The errors of the leases' database driver: taking, reading or breaking a lease
+    failing with one of them (or an ``OSError``) is a
+    :class:`~little_es.errors.WorldStorageError`, as the world's own reads are."""
+
+    @contextlib.contextmanager
+    def _storage(self, doing: str, run_id: str) -> Iterator[None]:
+        try:
+            yield
+        except (OSError, *self.driver_errors) as exc:
+            said = " ".join(str(exc).split()) or type(exc).__name__
+            raise WorldStorageError(
+                f"could not {doing} the lease on run {run_id!r}: {said}. Nothing ran and"
+                " nothing was recorded: check that the world's database is up and reachable"
+                " (for SQLite, that its data directory's leases folder can be written), then"
+                " try again"
+            ) from exc
+
     @contextlib.contextmanager
     def hold(self, run_id: str) -> Iterator[Lease]:
         """Hold the lease on ``run_id`` for the ``with`` block, or raise ConcurrentRunError.
@@ -382,7 +400,8 @@ class RunLeases(ABC):
         what copies it (asyncio tasks, ``asyncio.to_thread``), not in a plain
         ``threading.Thread``, which starts with an empty context.
         """
-        token = self._acquire(run_stream_id(run_id))
+        with self._storage("take", run_id):
+            token = self._acquire(run_stream_id(run_id))
         if token is None:
             raise _refused(run_id)
         lease = Lease(run_id, functools.partial(self._lost, token))
@@ -397,7 +416,8 @@ class RunLeases(ABC):
 
     def holder(self, run_id: str) -> str | None:
         """Who holds the lease on ``run_id`` (a description), or None when it is free."""
-        return self._holder(run_stream_id(run_id))
+        with self._storage("read", run_id):
+            return self._holder(run_stream_id(run_id))
 
     def break_lease(self, run_id: str) -> str | None:
         """Take the lease on ``run_id`` away from its holder; who held it, or None if nobody.
@@ -407,7 +427,8 @@ class RunLeases(ABC):
         :class:`~little_es.errors.LeaseLostError`, and any append it still
         makes after a new driver appended fails the stream's version check.
         """
-        return self._break(run_stream_id(run_id))
+        with self._storage("break", run_id):
+            return self._break(run_stream_id(run_id))
 
     @abstractmethod
     def _acquire(self, key: UUID) -> Any | None:

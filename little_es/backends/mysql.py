@@ -55,7 +55,7 @@ from typing import Any, Literal
 from uuid import UUID
 
 import pymysql
-from eventsourcing.persistence import IntegrityError, StoredEvent, Tracking
+from eventsourcing.persistence import IntegrityError, OperationalError, StoredEvent, Tracking
 from eventsourcing.utils import get_topic
 from eventsourcing_sqlalchemy.datastore import SQLAlchemyDatastore
 from eventsourcing_sqlalchemy.factory import SQLAlchemyFactory
@@ -247,8 +247,13 @@ class MySQLBackend(Backend):
 
     def _query(self, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         # The driver's cursor on a pooled connection: no ORM objects per row.
-        with self._engine.connect() as conn:
-            return [tuple(r) for r in conn.exec_driver_sql(statement, params).fetchall()]
+        try:
+            with self._engine.connect() as conn:
+                return [tuple(r) for r in conn.exec_driver_sql(statement, params).fetchall()]
+        except SQLAlchemyError as exc:
+            # eventsourcing's error, as its recorders raise: the world turns it into a
+            # WorldStorageError, never the failure of the step that was reading.
+            raise OperationalError(str(exc)) from exc
 
     def select_rows(self, stream_id: UUID, after: int | None) -> Sequence[Row]:
         """One stream's rows, read from the recorder's table (see :meth:`Backend.select_rows`)."""
@@ -555,6 +560,8 @@ class MySQLRunLeases(RunLeases):
 
     verify_interval_s = 0.5
     """The longest time between two confirming queries of a held lock."""
+
+    driver_errors = (pymysql.err.Error,)
 
     def __init__(self, info: ConnectionInfo) -> None:
         self._info = info

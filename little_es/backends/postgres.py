@@ -1258,6 +1258,8 @@ class PostgresRunLeases(RunLeases):
     verify_interval_s = 0.5
     """The longest time between two confirming queries of a held lock."""
 
+    driver_errors = (psycopg.Error,)
+
     def __init__(self, conninfo: str, *, scope: str = "public") -> None:
         self._conninfo = conninfo
         self._scope = scope.encode()

@@ -922,8 +922,12 @@ class FileRunLeases(RunLeases):
             if not locked:
                 os.close(fd)
                 return None
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+            except BaseException:
+                os.close(fd)  # and with it the lock: a lease not taken is not held
+                raise
             return _FileLease(fd, path, str(path), inode)
 
     def _release(self, token: _FileLease) -> None:
