@@ -381,9 +381,10 @@ class RunLeases(ABC):
 
     @contextlib.contextmanager
     def _storage(self, doing: str, run_id: str) -> Iterator[None]:
+        failures: tuple[type[Exception], ...] = (OSError, *self.driver_errors)
         try:
             yield
-        except (OSError, *self.driver_errors) as exc:
+        except failures as exc:
             said = " ".join(str(exc).split()) or type(exc).__name__
             raise WorldStorageError(
                 f"could not {doing} the lease on run {run_id!r}: {said}. Nothing ran and"
