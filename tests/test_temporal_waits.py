@@ -197,3 +197,60 @@ async def test_a_sub_run_whose_wait_timed_out_fails_its_parents_step_on_temporal
     assert TIMED_OUT_SUB_RUN_PATCH in str(history.events)
     replayed = await create_replayer().replay_workflow(history, raise_on_replay_failure=False)
     assert replayed.replay_failure is None, replayed.replay_failure
+
+
+_NESTED_WORLD: list[World] = []
+INNER = Workflow("inner_wait", steps=[wait_for("approve", model=Go)])
+
+
+async def _drive_inner(ctx: StepContext) -> Any:
+    # A step that drives a run of its own, which waits: that run's wait, not this one's.
+    from little_es.engine.local import run_workflow
+
+    result = await run_workflow(_NESTED_WORLD[0], INNER, {}, run_id=f"{ctx.run_id}-inner")
+    return result.output
+
+
+def _suspends(ctx: StepContext) -> str:
+    from little_es.errors import StepSuspendedError
+
+    raise StepSuspendedError(())
+
+
+def _after(ctx: StepContext) -> dict[str, Any]:
+    return {"before": ctx.outputs["a"]}
+
+
+async def test_a_step_stopped_by_another_runs_wait_stops_its_run_on_temporal_as_locally(
+    client: Client, tmp_path: Path
+) -> None:
+    # A wait the workflow cannot wait on, or a suspension with nothing to host, used to
+    # read as the step done: the next step ran and the run completed without it.
+    nested = Workflow("nested_wait", steps=[task("a", _drive_inner), task("b", _after)])
+    suspends = Workflow("suspends", steps=[task("a", _suspends), task("b", _after)])
+    queue = f"q-{uuid.uuid4().hex[:12]}"
+    with local_world(tmp_path / "world") as world:
+        _NESTED_WORLD[:] = [world]
+        worker = create_worker(client, world, workflows=[nested, suspends], task_queue=queue)
+        async with worker:
+            for wf, run_id, said in (
+                (nested, "run_t_nested_wait", "waits for signal 'approve'"),
+                (suspends, "run_t_suspends", "with no sub-run to host"),
+            ):
+                handle = await start_run(
+                    client, wf, {}, run_id=run_id, task_queue=queue, timeouts=_FAST
+                )
+                with pytest.raises(WorkflowFailureError) as failure:
+                    await handle.result()
+                assert said in str(failure.value.cause.cause)  # type: ignore[union-attr]
+                state = replay_run(world, run_id).state
+                assert state.status == "running" and list(state.steps) == ["a"]
+                assert state.steps["a"].status == "running"
+                assert not any(isinstance(e, StepFailed) for e in world.read_run_log(run_id))
+            world.signal("run_t_nested_wait-inner", "approve", {"go": True})
+            again = await start_run(
+                client, nested, run_id="run_t_nested_wait", task_queue=queue, timeouts=_FAST
+            )
+            await again.result()
+        await asyncio.sleep(0.2)
+        assert replay_run(world, "run_t_nested_wait").state.output == {"before": {"go": True}}

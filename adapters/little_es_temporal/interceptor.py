@@ -239,12 +239,22 @@ async def _run_step(
                     for name, _, wait_id in waiting.waits
                     if wait_id in waits
                 )
+                if not notices:
+                    # Another run waits (a run the step drove itself): this one stops, its
+                    # step in flight, as locally; a wait of none would read as the step done.
+                    raise
                 return StepDone(step_path=begun.step_path, attempt=begun.attempt, waiting=notices)
             except StepSuspendedError as suspended:
                 # Sub-runs to host as child workflows; the attempt stays in flight.
                 starts = tuple(
                     host.start(run) for run in suspended.runs if isinstance(run, HostedRun)
                 )
+                if not starts:
+                    raise TemporalAdapterError(
+                        f"step {begun.step_path!r} of run {step_input.run_id!r} raised"
+                        " StepSuspendedError with no sub-run to host: it is the engine's own"
+                        " signal, not one for a step's code to raise"
+                    ) from suspended
                 return StepDone(step_path=begun.step_path, attempt=begun.attempt, suspended=starts)
             finally:
                 CURRENT_STEP.reset(token)
