@@ -49,6 +49,7 @@ from little_es.errors import (
     PlannerAnswerError,
     RunFailedError,
     RunStateError,
+    VisitLimitError,
     WorkflowDefinitionError,
 )
 from little_es.events import (
@@ -677,7 +678,7 @@ class _Driver:
                 return "completed", await self.engine.run(
                     self.world, workflow, given, run_id=run_id
                 )
-            except RunFailedError:
+            except (RunFailedError, VisitLimitError):
                 return "failed", None
             except Exception:
                 if _run_fold_status(self.world, run_id)[0] not in _STOPPED:

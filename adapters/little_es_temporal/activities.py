@@ -41,6 +41,7 @@ from little_es.engine.executor import (
     check_engine,
     completed_step,
     execute_step,
+    failed_run_error,
     open_run,
     sub_run_id_for,
     timed_out_error,
@@ -48,7 +49,6 @@ from little_es.engine.executor import (
 from little_es.errors import (
     ConcurrencyConflictError,
     RunCancelledError,
-    RunFailedError,
     StepSuspendedError,
     SubRunTimedOutError,
 )
@@ -227,7 +227,7 @@ class TemporalSubRunHost(SubRunHost):
             raise RunCancelledError(request.run_id, fold.stop_reason)
         if request.run_id in self.hosted:
             if fold is not None and fold.status == "failed" and fold.error is not None:
-                raise RunFailedError(request.run_id, fold.failed_step_path, fold.error)
+                raise failed_run_error(request.run_id, fold)
             if fold is not None and fold.status == "timed_out":
                 raise SubRunTimedOutError(timed_out_error(request.run_id, fold))
             raise TemporalAdapterError(
@@ -512,9 +512,9 @@ class LittleActivities:
     async def fail_subworkflow(self, input: SubRunFailure) -> StepRetry:
         """Commit ``StepFailed`` for a subworkflow step whose child run failed.
 
-        The error recorded is the one the local scheduler records: the child's
-        ``RunFailedError`` when the child's log says it failed, else what
-        Temporal reported.
+        The error recorded is the one the local scheduler records: what the child's
+        failure raises (:func:`~little_es.engine.executor.failed_run_error`) when its
+        log says it failed, else what Temporal reported.
         """
         executor, begun = await self._begun_subworkflow(
             StepInput(run_id=input.run_id, step_path=input.step_path)
@@ -522,13 +522,8 @@ class LittleActivities:
         error = input.error
         child = self.runs.recorder(sub_run_id_for(input.run_id, input.step_path))
         if child is not None and child.fold.status == "failed" and child.fold.error:
-            if child.fold.failed_step_path is None:
-                error = ErrorInfo(type=child.fold.error.type, message=child.fold.error.message)
-            else:
-                assert child.fold.run_id is not None
-                error = ErrorInfo.from_exception(
-                    RunFailedError(child.fold.run_id, child.fold.failed_step_path, child.fold.error)
-                )
+            assert child.fold.run_id is not None
+            error = ErrorInfo.from_exception(failed_run_error(child.fold.run_id, child.fold))
         retry = await executor.settle(begun, Outcome(error=error))
         assert isinstance(retry, Retry)
         return StepRetry(will_retry=retry.will_retry, delay_s=retry.delay_s)

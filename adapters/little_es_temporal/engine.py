@@ -5,11 +5,15 @@ runs each cycle's planner run and cycle run as a Temporal workflow whose id is
 the run id, executed by the workers on ``task_queue``; the loop's aggregate and
 manifest view are written by the caller, as with the local engine. A caller
 resumed while a cycle's workflow is still running on Temporal (it crashed, the
-workflow did not) waits for that workflow instead of starting another.
+workflow did not) waits for that workflow instead of starting another. A run
+that waits for a signal (or one of its sub-runs) stops the caller with
+``RunWaitingError``, as ``run_workflow`` does: the workflow waits on, and the
+caller's next call, once the run is signalled, joins it.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,7 +22,8 @@ from temporalio.common import WorkflowIDConflictPolicy
 
 from little_es.durability import RunRecorder, read_output
 from little_es.engine.engines import RunEngine
-from little_es.errors import RunFailedError
+from little_es.engine.executor import failed_run_error, waiting_error
+from little_es.errors import RunWaitingError
 from little_es.workflow.authoring import Workflow
 from little_es.world import World
 from little_es_temporal.errors import TemporalAdapterError
@@ -26,6 +31,10 @@ from little_es_temporal.models import StepTimeouts
 from little_es_temporal.worker import DEFAULT_TASK_QUEUE, start_run
 
 __all__ = ["TemporalEngine"]
+
+_WAIT_POLL_S = 0.25
+"""How often a caller waiting for a workflow's result looks for a wait in the run's log
+(one indexed query a run of its tree, when nothing was appended)."""
 
 
 class TemporalEngine(RunEngine):
@@ -76,11 +85,11 @@ class TemporalEngine(RunEngine):
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         )
         try:
-            await handle.result()
+            await _result_unless_waiting(world, handle.result(), run_id)
         except WorkflowFailureError as exc:
             fold = _fold(world, run_id)
             if fold is not None and fold.status == "failed" and fold.error is not None:
-                raise RunFailedError(run_id, fold.failed_step_path, fold.error) from exc
+                raise failed_run_error(run_id, fold) from exc
             raise TemporalAdapterError(
                 f"run {run_id!r} stopped on Temporal without failing in its log"
                 f" ({fold.status if fold is not None else 'not started'}): {exc.cause}; see the"
@@ -98,3 +107,40 @@ class TemporalEngine(RunEngine):
 def _fold(world: World, run_id: str) -> Any:
     recorder = RunRecorder.load(world, run_id)
     return None if recorder is None else recorder.fold
+
+
+async def _result_unless_waiting(world: World, result: Any, run_id: str) -> None:
+    """Await the workflow's ``result``; raise the ``RunWaitingError`` of the run, or of a
+    sub-run of its tree, as soon as its log shows it waiting."""
+    task = asyncio.ensure_future(result)
+    watched: dict[str, RunRecorder] = {}
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=_WAIT_POLL_S)
+            if done:
+                task.result()
+                return
+            waiting = _waiting(world, run_id, watched)
+            if waiting is not None:
+                raise waiting
+    finally:
+        task.cancel()
+
+
+def _waiting(world: World, run_id: str, watched: dict[str, RunRecorder]) -> RunWaitingError | None:
+    pending = [run_id]
+    while pending:
+        current = pending.pop()
+        recorder = watched.get(current)
+        if recorder is None:
+            recorder = RunRecorder.load(world, current)
+            if recorder is None:
+                continue
+            watched[current] = recorder
+        elif world.has_events_after(recorder.run.id, recorder.run.version):
+            world.catch_up(recorder.run)
+        fold = recorder.fold
+        if fold.status == "waiting":
+            return waiting_error(current, fold)
+        pending.extend(fold.sub_run_ids)
+    return None

@@ -96,11 +96,13 @@ from little_es.errors import (
     EngineUnsupportedError,
     EventPayloadError,
     RunCancelledError,
+    RunFailedError,
     RunStateError,
     RunStoppedError,
     RuntimeIntegrityError,
     RunWaitingError,
     StepSuspendedError,
+    VisitLimitError,
     WaitTimedOutError,
     WorldStorageError,
 )
@@ -146,12 +148,14 @@ __all__ = [
     "check_run_request",
     "completed_step",
     "execute_step",
+    "failed_run_error",
     "next_attempt",
     "open_run",
     "outputs_from_fold",
     "resolve_run_budget",
     "sub_run_id_for",
     "timed_out_error",
+    "waiting_error",
 ]
 
 _log = get_logger()
@@ -372,6 +376,18 @@ def timed_out_error(run_id: str, fold: RunFold) -> WaitTimedOutError:
     return WaitTimedOutError(
         run_id, signal="?", step_path=fold.stopped_step_path or "?", deadline="?"
     )
+
+
+def failed_run_error(run_id: str, fold: RunFold) -> RunFailedError | VisitLimitError:
+    """What a failed run raises to whoever drives it, as ``run_workflow`` raises it on every
+    engine: a run stopped by a decision's visit limit (a failure at no step) its
+    :class:`~little_es.errors.VisitLimitError`, any other its
+    :class:`~little_es.errors.RunFailedError`."""
+    if fold.error is None:
+        raise RunStateError(f"run {run_id!r} is {fold.status}, not failed")
+    if fold.failed_step_path is None and fold.error.type == VisitLimitError.__name__:
+        return VisitLimitError(fold.error.message)
+    return RunFailedError(run_id, fold.failed_step_path, fold.error)
 
 
 def waiting_error(run_id: str, fold: RunFold) -> RunWaitingError:

@@ -1,0 +1,179 @@
+"""The same workflow on both engines ends the same way, against the real ``temporal server
+start-dev``: each case runs once locally and once on Temporal, in worlds of their own.
+
+* a sub-run stopped by a decision's visit limit fails its parent's step with the same
+  recorded error (the child's ``VisitLimitError``), not a ``RunFailedError`` "at step
+  None" on Temporal;
+* an outer loop whose cycle run hits a visit limit records a failed cycle and goes on
+  (``on_cycle_failure="continue"``) on both, where locally it used to raise;
+* an outer loop whose cycle run waits for a signal stops with ``RunWaitingError`` on
+  both, where ``TemporalEngine`` used to wait for the workflow for ever; signalled, the
+  loop resumes and ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from little_es_temporal import TemporalEngine, create_worker, signal_run, start_run
+from pydantic import BaseModel
+from temporalio.client import Client, WorkflowFailureError
+
+import tests._temporal_support as _support
+from little_es.engine.local import run_workflow
+from little_es.errors import RunFailedError, RunWaitingError
+from little_es.events import RunFailed, StepFailed
+from little_es.harness.model import ScriptedModel
+from little_es.outer_loop import Planner, run_outer_loop
+from little_es.replay import replay_run
+from little_es.values import ModelRequest, ModelResponse, Usage
+from little_es.workflow.authoring import Workflow, decision, subworkflow, task, wait_for
+from little_es.world import World, local_world
+
+dev_server = _support.dev_server
+client = _support.client
+
+pytestmark = [pytest.mark.temporal, pytest.mark.timeout(300)]
+
+ENGINES = ("local", "temporal")
+
+
+class Go(BaseModel):
+    go: bool
+
+
+def _one(ctx: Any) -> int:
+    return 1
+
+
+def _back(ctx: Any) -> str:
+    return "a"
+
+
+LOOPING = Workflow(
+    "looping", steps=[task("a", _one, max_visits=2), decision("d", _back, max_visits=2)]
+)
+"""Its decision jumps back to ``a`` until ``a`` has used its visits: a visit limit."""
+WAITING = Workflow("waiting", steps=[task("a", _one), wait_for("w", model=Go)])
+PARENT = Workflow("parent", steps=[subworkflow("s", LOOPING)])
+
+
+def _plan(request: ModelRequest) -> ModelResponse:
+    # One cycle, then done.
+    prompt = next(m.content for m in request.messages if m.role == "user")
+    context = json.loads(str(prompt).split("(JSON):\n", 1)[1])
+    body: dict[str, Any] = (
+        {"done": True, "reason": "one cycle seen"}
+        if context["cycles"]
+        else {"done": False, "input": {"n": 1}, "reason": "try once"}
+    )
+    return ModelResponse(
+        content=json.dumps(body),
+        usage=Usage(input_tokens=10, output_tokens=5),
+        provider="scripted",
+        model="planner-1",
+    )
+
+
+PLANNER = Planner(model=ScriptedModel(respond=_plan, model_id="planner-1"), prompt="plan")
+
+
+@asynccontextmanager
+async def _engine(client: Client, world: World, name: str) -> AsyncIterator[Any]:
+    """The keyword arguments that run a loop on ``name``, with a worker while needed."""
+    if name == "local":
+        yield {}
+        return
+    queue = f"q-{uuid.uuid4().hex[:12]}"
+    workflows = [PLANNER.workflow, LOOPING, WAITING, PARENT]
+    async with create_worker(client, world, workflows=workflows, task_queue=queue):
+        yield {"engine": TemporalEngine(client, task_queue=queue), "queue": queue}
+    await asyncio.sleep(0.2)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_sub_runs_visit_limit_fails_its_parents_step_with_the_childs_error(
+    client: Client, tmp_path: Path, engine: str
+) -> None:
+    with local_world(tmp_path / "world") as world:
+        async with _engine(client, world, engine) as kw:
+            if engine == "local":
+                with pytest.raises(RunFailedError):
+                    await run_workflow(world, PARENT, {}, run_id="run_parent")
+            else:
+                handle = await start_run(
+                    client, PARENT, {}, run_id="run_parent", task_queue=kw["queue"]
+                )
+                with pytest.raises(WorkflowFailureError):
+                    await handle.result()
+        state = replay_run(world, "run_parent").state
+        assert state.status == "failed" and state.failed_step_path == "s"
+        assert state.error is not None and state.error.type == "VisitLimitError"
+        assert "would be visited 3 times, but max_visits=2" in state.error.message
+        assert "at step None" not in state.error.message
+        failed = [e for e in world.read_run_log("run_parent") if isinstance(e, StepFailed)]
+        assert [e.error for e in failed] == [state.error]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_an_outer_loops_cycle_that_hits_a_visit_limit_is_a_failed_cycle(
+    client: Client, tmp_path: Path, engine: str
+) -> None:
+    with local_world(tmp_path / "world") as world:
+        async with _engine(client, world, engine) as kw:
+            result = await run_outer_loop(
+                world,
+                planner=PLANNER,
+                workflow=LOOPING,
+                outer_loop_id="loop_visits",
+                max_cycles=3,
+                on_cycle_failure="continue",
+                engine=kw.get("engine"),
+            )
+        assert result.reason == "planner_done"
+        assert [c.completed.status for c in result.cycles if c.completed] == ["failed"]
+        cycle = replay_run(world, "loop_visits.cycle-1").state
+        assert cycle.status == "failed" and cycle.error is not None
+        assert cycle.error.type == "VisitLimitError"
+        assert sum(isinstance(e, RunFailed) for e in world.read_run_log("loop_visits.cycle-1")) == 1
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_an_outer_loops_waiting_cycle_stops_the_loop_until_it_is_signalled(
+    client: Client, tmp_path: Path, engine: str
+) -> None:
+    with local_world(tmp_path / "world") as world:
+        async with _engine(client, world, engine) as kw:
+
+            async def drive() -> Any:
+                return await asyncio.wait_for(
+                    run_outer_loop(
+                        world,
+                        planner=PLANNER,
+                        workflow=WAITING,
+                        outer_loop_id="loop_waits",
+                        max_cycles=3,
+                        engine=kw.get("engine"),
+                    ),
+                    timeout=60,
+                )
+
+            with pytest.raises(
+                RunWaitingError, match=r"'loop_waits\.cycle-1' waits for signal 'w'"
+            ):
+                await drive()
+            if engine == "local":
+                world.signal("loop_waits.cycle-1", "w", {"go": True})
+            else:
+                await signal_run(client, world, "loop_waits.cycle-1", "w", {"go": True})
+            result = await drive()
+        assert result.reason == "planner_done"
+        assert [c.completed.status for c in result.cycles if c.completed] == ["completed"]
+        assert replay_run(world, "loop_waits.cycle-1").state.output == {"go": True}
