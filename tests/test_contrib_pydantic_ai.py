@@ -219,7 +219,9 @@ class PaymentDeclinedError(Exception):
     retryable = False
 
 
-def _tools_workflow(base_url: str, ran: list[str], *, lookup_declines: bool) -> Workflow:
+def _tools_workflow(
+    base_url: str, ran: list[str], *, lookup_declines: bool, max_turns: int = 20
+) -> Workflow:
     """Turn 1 asks for ``lookup`` and ``add``. With ``lookup_declines`` it raises a
     non-retryable error, which ends the step (Pydantic AI lets a tool's exception through).
     ``ran`` gets each real tool call."""
@@ -243,7 +245,9 @@ def _tools_workflow(base_url: str, ran: list[str], *, lookup_declines: bool) -> 
         ran.append("add")
         return a + b
 
-    step = pydantic_ai_step("pay", agent, prompt="pay", retry=RetryPolicy(max_attempts=3))
+    step = pydantic_ai_step(
+        "pay", agent, prompt="pay", max_turns=max_turns, retry=RetryPolicy(max_attempts=3)
+    )
     return Workflow("pydantic_ai_pay", steps=[step])
 
 
@@ -312,3 +316,26 @@ def test_a_request_the_provider_refuses_for_good_is_not_retried(tmp_path: Path) 
     assert [e.attempt for e in log if isinstance(e, StepStarted)] == [1]
     assert dict(server.requests) == {1: 1, 2: 1}
     assert sorted(ran) == ["add", "lookup"], "a retry ran the committed tools again"
+
+
+def test_an_agent_past_its_max_turns_is_not_retried(tmp_path: Path) -> None:
+    """Pydantic AI's request limit is the step's turn limit: a retry would stop at the same
+    place, after paying for every call and running every tool again."""
+    server = ChatServer()
+    httpd = start_server(server)
+    ran: list[str] = []
+    try:
+        wf = _tools_workflow(server.base_url, ran, lookup_declines=False, max_turns=1)
+        with local_world(tmp_path / "w") as world:
+            with pytest.raises(RunFailedError) as failed:
+                asyncio.run(run_workflow(world, wf, {}, run_id="run_turns"))
+            log = world.read_run_log("run_turns")
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    error = failed.value.error
+    assert error.type == "TurnLimitExceededError" and not error.retryable
+    assert "after max_turns=1 model requests" in error.message
+    assert [e.attempt for e in log if isinstance(e, StepStarted)] == [1]
+    assert dict(server.requests) == {1: 1}
+    assert sorted(ran) == ["add", "lookup"]

@@ -51,7 +51,7 @@ from little_es.errors import MissingExtraError
 try:
     from pydantic_ai import Agent
     from pydantic_ai import messages as _pm
-    from pydantic_ai.exceptions import ModelHTTPError, ModelRetry
+    from pydantic_ai.exceptions import ModelHTTPError, ModelRetry, UsageLimitExceeded
     from pydantic_ai.models import Model as _PaiModel
     from pydantic_ai.models import ModelRequestParameters, StreamedResponse
     from pydantic_ai.models.wrapper import WrapperModel
@@ -75,6 +75,7 @@ from little_es.errors import (
     ReplayedFailureError,
     SessionInputError,
     ToolError,
+    TurnLimitExceededError,
     WorkflowDefinitionError,
 )
 from little_es.events import (
@@ -269,11 +270,21 @@ class _Runner:
         toolsets = [_RecordedToolset(t, recorder) for t in self._agent.toolsets]
         deps = None if self._deps is None else self._deps(ctx)
         with self._agent.override(model=model, toolsets=toolsets, tools=[]):
-            result = await self._agent.run(
-                prompt,
-                deps=deps,
-                usage_limits=UsageLimits(request_limit=self._max_turns),
-            )
+            try:
+                result = await self._agent.run(
+                    prompt,
+                    deps=deps,
+                    usage_limits=UsageLimits(request_limit=self._max_turns),
+                )
+            except UsageLimitExceeded as exc:
+                # As the harness's own turn limit: a retry would stop at the same place,
+                # after paying for every call again.
+                raise TurnLimitExceededError(
+                    f"{recorder.where()}: the agent still had requests to make after"
+                    f" max_turns={self._max_turns} model requests; tell the model when to stop, or"
+                    " give the step a higher max_turns in a new run (this run's agent cannot"
+                    " change: a resume with another max_turns is refused as drift)"
+                ) from exc
         output: JSONValue = to_jsonable_python(result.output)
         recorder.complete(output)
         return output
