@@ -184,7 +184,13 @@ class Event(Checked):
     def _timestamp_from_the_wire(cls, value: Any) -> Any:
         # Stored as microseconds since the epoch (pydantic would read an int as seconds).
         if type(value) is int:
-            return _EPOCH + value * _MICROSECOND
+            try:
+                return _EPOCH + value * _MICROSECOND
+            except OverflowError:
+                # pydantic names the field for a ValueError only, not for this.
+                raise ValueError(
+                    f"timestamp {value} (microseconds since 1970) is outside the years 1-9999"
+                ) from None
         return value
 
     @field_serializer("timestamp", mode="wrap")

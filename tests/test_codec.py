@@ -327,8 +327,24 @@ def test_unknown_topic_in_a_session_stream_names_the_run(world: World) -> None:
             ),
             r"timestamp \(Input should be a valid datetime",
         ),
+        (
+            "StepStarted",
+            orjson.dumps(
+                {"t": 10**19, "p": "a", "step_id": "a", "kind": "task", "visit": 1, "attempt": 1}
+            ),
+            r"t \(Value error, timestamp 10000000000000000000 .* is outside the years 1-9999",
+        ),
     ],
-    ids=["bad-json", "not-object", "wrong-type", "bad-literal", "missing", "extra", "bad-time"],
+    ids=[
+        "bad-json",
+        "not-object",
+        "wrong-type",
+        "bad-literal",
+        "missing",
+        "extra",
+        "bad-time",
+        "time-out-of-range",
+    ],
 )
 def test_malformed_stored_payload_names_event_and_field(
     world: World, topic: str, state: bytes, expected: str
