@@ -10,7 +10,7 @@ by the one reducer (:func:`little_es.materialize.apply` on a
 ``little runs`` reads it through :func:`list_runs`.
 
 Which events belong to a run: its own ``Run`` stream (from its ``RunStarted``
-on) and the streams of the harness sessions its ``StepStarted`` events name,
+on, a fork's from its ``RunForked``) and the streams of the harness sessions its ``StepStarted`` events name,
 exactly what :meth:`~little_es.world.World.read_run_log` reads, so the model's
 totals equal ``replay_run(world, run_id).state.usage``. Sub-runs are runs of
 their own. Other streams (outer loops) are skipped without being decoded.
@@ -56,7 +56,7 @@ from little_es.backends.base import RunSummary, RunsView
 from little_es.chain import GENESIS, Row, check_rows, is_framed, row_digest
 from little_es.codec import PydanticMapper
 from little_es.errors import EventLogError, LogTamperedError, RunsProjectionError
-from little_es.events import Event, RunStarted, StepStarted
+from little_es.events import Event, RunForked, RunStarted, StepStarted
 from little_es.materialize import RunFold, WaitState, apply
 from little_es.world import World
 
@@ -67,6 +67,7 @@ __all__ = [
 ]
 
 _PAGE_SIZE = 1000
+_OPENERS = frozenset({RunStarted.wire_name, RunForked.wire_name})
 
 
 # -------------------------------------------------------------------- projection
@@ -149,14 +150,15 @@ class RunsProjection(Projection[RunsView]):
             stream = _stream_id(item)
             topic = item.topic if isinstance(item, Notification) else type(item).wire_name
             run_id = owners.get(stream)
-            if run_id is None and topic != RunStarted.wire_name:
+            # A run's stream opens with its RunStarted, a fork's with its RunForked.
+            if run_id is None and topic not in _OPENERS:
                 continue
             if isinstance(item, Notification):
                 rows.setdefault(stream, []).append(
                     (item.originator_version or 0, topic, item.state)
                 )
             event = item if isinstance(item, Event) else self._decode_for(item, run_id)
-            if isinstance(event, RunStarted):
+            if isinstance(event, RunStarted | RunForked):
                 run_id = owners[stream] = new_owners[stream] = event.run_id
             assert run_id is not None
             fold = folds.get(run_id)

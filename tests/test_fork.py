@@ -18,6 +18,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from little_es.backends.base import RunSummary
 from little_es.chain import DIGEST_SIZE, FRAME_SIZE, LINK_SIZE
 from little_es.cli import app
 from little_es.diff import diff_runs
@@ -48,6 +49,7 @@ from little_es.events import (
 from little_es.fork import fork_points, fork_run
 from little_es.ids import run_stream_id, session_stream_id
 from little_es.orchestrator import list_sub_runs
+from little_es.projections import list_runs
 from little_es.render import render_report
 from little_es.replay import replay_run
 from little_es.ui.html import run_body
@@ -116,6 +118,9 @@ def test_a_fork_at_a_step_reuses_everything_before_it_and_runs_from_there(
     render_report(world, FORK, console)
     assert f"forked from {ORIGIN} at finish · re-uses fetch, sub, plan" in console.export_text()
     assert verify_world(world, FORK).ok
+    # The runs read model folds the fork from its RunForked on, as replay does.
+    summary = {s.run_id: s for s in list_runs(world)}[FORK]
+    assert summary == RunSummary.of(FORK, replay_run(world, FORK).state)
 
 
 @pytest.mark.backends("memory", "sqlite")
