@@ -474,6 +474,9 @@ class RunFold:
             event_count=state.event_count,
         )
         for path, s in state.steps.items():
+            # An output a snapshot of the older format holds inline is read back as plain
+            # JSON: frozen here, so the step's view is read-only as a folded one is.
+            output = freeze(s.output)
             fold.steps[path] = StepFold(
                 step_path=path,
                 step_id=s.step_id,
@@ -481,7 +484,7 @@ class RunFold:
                 status=s.status,
                 visit=s.visit,
                 attempts=s.attempts,
-                output=s.output,
+                output=output,
                 output_ref=s.output_ref,
                 artifact_refs=s.artifact_refs,
                 next_step=s.next_step,
@@ -495,7 +498,7 @@ class RunFold:
                     if s.status == "failed"
                     else 0
                 ),
-                _view=s,
+                _view=s if output is s.output else None,
             )
             for session_id in s.session_ids:
                 fold.session_steps[session_id] = path
@@ -574,8 +577,17 @@ need not decode (see ``skipped`` in :func:`materialize_run_state`).
 
 def _frozen_waits(waits: dict[str, WaitState]) -> FrozenDict[str, WaitState]:
     view: FrozenDict[str, WaitState] = FrozenDict()
-    dict.update(view, waits)  # WaitStates are frozen already
+    dict.update(view, {wait_id: _frozen_wait(wait) for wait_id, wait in waits.items()})
     return view
+
+
+def _frozen_wait(wait: WaitState) -> WaitState:
+    # A WaitState is a frozen model, but the JSON it holds (the signal's data, the
+    # approval's action) comes as the event or the stored state had it: plain dicts.
+    data, action = freeze(wait.data), freeze(wait.action)
+    if data is wait.data and action is wait.action:
+        return wait
+    return wait.model_copy(update={"data": data, "action": action})
 
 
 def _frozen_visits(visits: dict[str, int]) -> FrozenDict[str, int]:

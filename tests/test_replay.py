@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from collections.abc import Callable
@@ -11,14 +12,16 @@ from uuid import UUID
 
 import orjson
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from little_es.domain import HarnessSession
+from little_es.engine.local import run_workflow
 from little_es.errors import (
     ArtifactNotFoundError,
     EventPayloadError,
     InvalidRunIdError,
     RunNotFoundError,
+    RunWaitingError,
     UnknownEventTypeError,
 )
 from little_es.events import SessionCompleted, SessionStarted, ToolCallStarted, utc_now
@@ -34,6 +37,7 @@ from little_es.testing.logs import (
     write_agent_run,
 )
 from little_es.values import Usage, UsageTotals
+from little_es.workflow.authoring import Workflow, task, wait_for
 from little_es.world import World
 
 # ---------------------------------------------------------------- determinism
@@ -123,6 +127,30 @@ def test_every_part_of_a_result_refuses_mutation(replayed: ReplayResult, what: s
     with pytest.raises((TypeError, AttributeError, ValidationError)):
         _MUTATIONS[what](replayed)
     assert replayed.model_dump() == snapshot
+
+
+class _Answer(BaseModel):
+    ok: bool
+    tags: list[str]
+
+
+def test_a_waits_signal_data_refuses_mutation(world: World) -> None:
+    wf = Workflow("answered", steps=[wait_for("approve", model=_Answer), task("after", _one)])
+    with pytest.raises(RunWaitingError):
+        asyncio.run(run_workflow(world, wf, {}, run_id="run_answered"))
+    world.signal("run_answered", "approve", {"ok": True, "tags": ["a"]})
+    replayed = replay_run(world, "run_answered")
+    data = replayed.state.waits["approve"].data
+    assert data == {"ok": True, "tags": ["a"]}
+    with pytest.raises(TypeError):
+        data["ok"] = False  # type: ignore[index,call-overload]
+    with pytest.raises(TypeError):
+        data["tags"].append("b")  # type: ignore[index,call-overload,union-attr]
+    assert replayed == replay_run(world, "run_answered")
+
+
+def _one(ctx: Any) -> int:
+    return 1
 
 
 def test_the_plan_shares_the_states_outputs(replayed: ReplayResult) -> None:
