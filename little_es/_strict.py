@@ -16,7 +16,10 @@ field, what a reader could not read back as it was written:
   little_es reads and hashes values with (orjson's): a bigger one would be
   stored, then break the conversation hash of an agent, the ``little`` CLI's
   JSON, or (past 4,300 digits) the reader itself;
-* a JSON value nested deeper than :data:`MAX_JSON_DEPTH` arrays and objects.
+* a JSON value nested deeper than :data:`MAX_JSON_DEPTH` arrays and objects;
+* in a field typed as JSON data (``JSONValue``, ``dict[str, JSONValue]``), anything
+  orjson would not write as it is: a dict key that is not a string (pydantic would
+  write ``1`` and ``"1"`` as one key, losing a value), a ``Decimal``, a set, bytes.
 
 The check costs a few microseconds per event when the event was built by
 validation (``Aggregate.trigger`` builds every event so): a few byte searches of
@@ -210,9 +213,12 @@ def check_stored_payload(model: BaseModel, label: str, data: bytes) -> None:
         and not has_long_digit_run(data)
         and (data.count(b"[") + data.count(b"{") <= MAX_JSON_DEPTH or not nests_deeper(data))
         and _validated(model)
+        and json_field_problem(model, "") is None
     ):
         return
-    problem = find_problem(model, "", 0) or _dropped_by_schema(model, "")
+    problem = (
+        find_problem(model, "", 0) or _dropped_by_schema(model, "") or json_field_problem(model, "")
+    )
     if problem is not None:
         raise EventPayloadError(f"cannot record {label}: {problem}")
     check_snapshot_payload(model, label, data)
@@ -287,6 +293,76 @@ def describe(exc: ValidationError) -> str:
         + (usage_cost_message([str(err["loc"][-1])]) if is_usage_cost_error(err) else err["msg"])
         for err in exc.errors()
     )
+
+
+def json_field_problem(model: BaseModel, path: str) -> str | None:
+    """The first field typed as JSON data, in ``model`` or a value object in it, whose value
+    orjson would not write as it is (see the module), or None."""
+    own = model.__dict__
+    json_fields, holders = _json_plan(type(model))
+    for name in json_fields:
+        value = own.get(name)
+        if value is None or type(value) in _SCALARS:
+            continue
+        try:
+            orjson.dumps(value, default=_dumped_model)
+        except TypeError as exc:
+            where = f"{path}.{name}" if path else name
+            return (
+                f"{where} is not JSON data ({exc}): give it string keys and JSON values only"
+                " (dicts, lists, strings, numbers, booleans, None)"
+            )
+    for name in holders:
+        value = own.get(name)
+        where = f"{path}.{name}" if path else name
+        if type(value) is tuple:
+            for index, item in enumerate(value):
+                if isinstance(item, BaseModel):
+                    found = json_field_problem(item, f"{where}.{index}")
+                    if found is not None:
+                        return found
+        elif isinstance(value, BaseModel):
+            found = json_field_problem(value, where)
+            if found is not None:
+                return found
+    return None
+
+
+def _dumped_model(value: Any) -> Any:
+    # A pydantic model in a JSON field is written as its JSON object, as pydantic does.
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    raise TypeError(f"Type is not JSON serializable: {type(value).__qualname__}")
+
+
+_JsonPlan = tuple[tuple[str, ...], tuple[str, ...]]
+_JSON_PLANS: dict[type[BaseModel], _JsonPlan] = {}
+
+
+def _json_plan(cls: type[BaseModel]) -> _JsonPlan:
+    """The fields of ``cls`` typed as JSON data, and those holding value objects that have
+    such fields (followed; the others are not)."""
+    found = _JSON_PLANS.get(cls)
+    if found is None:
+        _JSON_PLANS[cls] = ((), ())  # a model that holds itself: followed once
+        fields = cls.__pydantic_fields__.items()
+        found = _JSON_PLANS[cls] = (
+            tuple(name for name, field in fields if _holds_any(field.annotation)),
+            tuple(name for name, field in fields if _holds_json_models(field.annotation)),
+        )
+    return found
+
+
+def _holds_any(annotation: Any) -> bool:
+    if annotation is Any:
+        return True
+    return any(_holds_any(arg) for arg in typing.get_args(annotation))
+
+
+def _holds_json_models(annotation: Any) -> bool:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return any(_json_plan(annotation))
+    return any(_holds_json_models(arg) for arg in typing.get_args(annotation))
 
 
 def _dropped_by_schema(model: BaseModel, path: str) -> str | None:

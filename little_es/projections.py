@@ -10,10 +10,11 @@ by the one reducer (:func:`little_es.materialize.apply` on a
 ``little runs`` reads it through :func:`list_runs`.
 
 Which events belong to a run: its own ``Run`` stream (from its ``RunStarted``
-on, a fork's from its ``RunForked``) and the streams of the harness sessions its ``StepStarted`` events name,
-exactly what :meth:`~little_es.world.World.read_run_log` reads, so the model's
-totals equal ``replay_run(world, run_id).state.usage``. Sub-runs are runs of
-their own. Other streams (outer loops) are skipped without being decoded.
+on, a fork's from its ``RunForked``) and the streams of the harness sessions
+its ``StepStarted`` events name, exactly what
+:meth:`~little_es.world.World.read_run_log` reads, so the model's totals equal
+``replay_run(world, run_id).state.usage``. Sub-runs are runs of their own.
+Other streams (outer loops) are skipped without being decoded.
 
 Exactly once: each page of notifications is folded and written in one
 transaction together with the position of its last notification (eventsourcing

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any, ClassVar
 
 import orjson
@@ -304,6 +305,55 @@ def test_a_huge_integer_in_the_models_arguments_is_refused_before_its_response_i
         run(world, [step], "run_args_big")
     replay_run(world, "run_args_big")
     log = world.read_run_log("run_args_big")
+    assert not any(isinstance(e, ModelResponded | ToolCallStarted) for e in log)
+
+
+# ------------------------------------------------------------------ JSON data
+
+
+@pytest.mark.parametrize(
+    ("bad", "said"),
+    [
+        ({1: "int", "1": "str"}, "Dict key must be str"),  # pydantic wrote both as "1"
+        ({None: 1}, "Dict key must be str"),
+        ({"price": Decimal("1.10")}, "Decimal"),
+        ({"tags": {"a", "b"}}, "set"),
+        ({"raw": b"x"}, "bytes"),
+    ],
+    ids=["int-key", "none-key", "decimal", "set", "bytes"],
+)
+def test_a_value_of_your_own_event_that_is_not_json_data_is_refused(bad: Any, said: str) -> None:
+    world = memory_world()
+    run(world, [task("a", lambda ctx: 1)], "run_not_json")
+    before = rows(world, "run_not_json")
+    # A field typed dict[str, ...] has pydantic refuse the keys; one typed Any, nothing did.
+    with pytest.raises(EventPayloadError, match=rf"value is not JSON data \(.*{said}"):
+        world.record_run_event("run_not_json", Noted, value=bad)
+    assert rows(world, "run_not_json") == before
+    # What JSON reads back on purpose otherwise (a tuple as a list, a model as an object).
+    world.record_run_event("run_not_json", Noted, value={"t": (1, 2), "who": Person(name="ops")})
+    assert replay_run(world, "run_not_json").state.event_count == before + 1
+
+
+def test_tool_arguments_that_are_not_json_data_are_refused_before_the_tool_runs() -> None:
+    ran: list[Any] = []
+
+    @tool
+    def look(cfg: dict[str, str]) -> str:
+        """Look."""
+        ran.append(cfg)
+        return "seen"
+
+    def int_keys() -> ModelResponse:
+        call = ToolCall(id="c1", name="look", arguments={"cfg": {1: "int", "1": "str"}})
+        return ModelResponse(tool_calls=(call,), provider="fixed", model="fixed-1")
+
+    world = memory_world()
+    step = agent("ask", model=FixedModel([int_keys]), tools=[look], prompt="go")
+    with pytest.raises(RunFailedError, match=r"tool_calls\.0\.arguments is not JSON data"):
+        run(world, [step], "run_args_keys")
+    assert ran == []
+    log = world.read_run_log("run_args_keys")
     assert not any(isinstance(e, ModelResponded | ToolCallStarted) for e in log)
 
 
