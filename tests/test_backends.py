@@ -76,6 +76,7 @@ from little_es.backends.sqlite import (
     LittleSQLiteApplicationRecorder,
     LittleSQLiteFactory,
 )
+from little_es.errors import WorldStorageError
 from little_es.events import StepCompleted, StepStarted
 from little_es.testing import backend as conformance
 from little_es.values import ArtifactRef
@@ -456,7 +457,9 @@ class TestPostgresWorld(PostgresStorage, conformance.BackendTestCase):
         with (
             mock.patch.object(psycopg, "connect", connect),
             mock.patch.object(psycopg.Connection, "execute", execute),
-            self.assertRaisesRegex(psycopg.OperationalError, "went away"),
+            self.assertRaisesRegex(
+                WorldStorageError, "could not take the lease on run 'run_lease_fails': .*went away"
+            ),
         ):
             world.run_lease("run_lease_fails").__enter__()
         self.assertEqual(len(opened), 1)
