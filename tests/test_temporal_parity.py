@@ -8,7 +8,10 @@ start-dev``: each case runs once locally and once on Temporal, in worlds of thei
   (``on_cycle_failure="continue"``) on both, where locally it used to raise;
 * an outer loop whose cycle run waits for a signal stops with ``RunWaitingError`` on
   both, where ``TemporalEngine`` used to wait for the workflow for ever; signalled, the
-  loop resumes and ends.
+  loop resumes and ends;
+* a parallel group's ``retry`` is its ``branches(ctx)``'s, as a step's is its code's (it
+  was accepted and never applied), and a failed run resumed that fails again in a
+  group's ``branches(ctx)`` records that failure as the run's.
 """
 
 from __future__ import annotations
@@ -34,7 +37,15 @@ from little_es.harness.model import ScriptedModel
 from little_es.outer_loop import Planner, run_outer_loop
 from little_es.replay import replay_run
 from little_es.values import ModelRequest, ModelResponse, Usage
-from little_es.workflow.authoring import Workflow, decision, subworkflow, task, wait_for
+from little_es.workflow.authoring import (
+    Workflow,
+    decision,
+    parallel,
+    subworkflow,
+    task,
+    wait_for,
+)
+from little_es.workflow.ir import RetryPolicy
 from little_es.world import World, local_world
 
 dev_server = _support.dev_server
@@ -64,6 +75,34 @@ LOOPING = Workflow(
 WAITING = Workflow("waiting", steps=[task("a", _one), wait_for("w", model=Go)])
 PARENT = Workflow("parent", steps=[subworkflow("s", LOOPING)])
 
+_FLAKY = {"branches": 0, "fail_branches": 1, "fail_branch": False}
+
+
+def _flaky_branches(ctx: Any) -> list[str]:
+    _FLAKY["branches"] += 1
+    if _FLAKY["branches"] <= _FLAKY["fail_branches"]:
+        raise ConnectionError("the branch list is not there yet")
+    return ["a", "b"]
+
+
+def _branch(ctx: Any) -> str:
+    if _FLAKY["fail_branch"]:
+        raise ValueError("branch broken")
+    return str(ctx.step_path)
+
+
+GROUPED = Workflow(
+    "grouped",
+    steps=[
+        parallel(
+            "p",
+            branches=_flaky_branches,
+            step=task("t", _branch),
+            retry=RetryPolicy(max_attempts=2, initial_backoff_s=0.01),
+        )
+    ],
+)
+
 
 def _plan(request: ModelRequest) -> ModelResponse:
     # One cycle, then done.
@@ -92,7 +131,7 @@ async def _engine(client: Client, world: World, name: str) -> AsyncIterator[Any]
         yield {}
         return
     queue = f"q-{uuid.uuid4().hex[:12]}"
-    workflows = [PLANNER.workflow, LOOPING, WAITING, PARENT]
+    workflows = [PLANNER.workflow, LOOPING, WAITING, PARENT, GROUPED]
     async with create_worker(client, world, workflows=workflows, task_queue=queue):
         yield {"engine": TemporalEngine(client, task_queue=queue), "queue": queue}
     await asyncio.sleep(0.2)
@@ -177,3 +216,41 @@ async def test_an_outer_loops_waiting_cycle_stops_the_loop_until_it_is_signalled
         assert result.reason == "planner_done"
         assert [c.completed.status for c in result.cycles if c.completed] == ["completed"]
         assert replay_run(world, "loop_waits.cycle-1").state.output == {"go": True}
+
+
+async def _drive(
+    client: Client, world: World, kw: dict[str, Any], wf: Workflow, run_id: str
+) -> Any:
+    if "queue" not in kw:
+        return await run_workflow(world, wf, {}, run_id=run_id)
+    handle = await start_run(client, wf, {}, run_id=run_id, task_queue=kw["queue"])
+    return await handle.result()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_groups_retry_is_its_branches_and_a_new_failure_there_is_the_runs(
+    client: Client, tmp_path: Path, engine: str
+) -> None:
+    with local_world(tmp_path / "world") as world:
+        async with _engine(client, world, engine) as kw:
+            # branches(ctx) fails once: its second attempt, by the group's policy, runs.
+            _FLAKY.update(branches=0, fail_branches=1, fail_branch=False)
+            await _drive(client, world, kw, GROUPED, "run_retried")
+            state = replay_run(world, "run_retried").state
+            assert state.status == "completed"
+            assert state.steps["p"].attempts == 2
+            failed = [e for e in world.read_run_log("run_retried") if isinstance(e, StepFailed)]
+            assert [(e.step_path, e.attempt, e.will_retry) for e in failed] == [("p", 1, True)]
+
+            # A branch fails the run; resumed, branches(ctx) fails it (twice, its retry
+            # spent): the run's recorded failure is that one, as the error raised says.
+            _FLAKY.update(branches=1, fail_branches=0, fail_branch=True)
+            with pytest.raises((RunFailedError, WorkflowFailureError)):
+                await _drive(client, world, kw, GROUPED, "run_refailed")
+            assert replay_run(world, "run_refailed").state.failed_step_path == "p[a]/t"
+            _FLAKY.update(branches=0, fail_branches=5, fail_branch=False)
+            with pytest.raises((RunFailedError, WorkflowFailureError)):
+                await _drive(client, world, kw, GROUPED, "run_refailed")
+            state = replay_run(world, "run_refailed").state
+            assert state.status == "failed" and state.failed_step_path == "p"
+            assert state.error is not None and state.error.type == "ConnectionError"

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import orjson
@@ -448,11 +449,19 @@ class LittleActivities:
             return GroupPlan(done=done_from_fold(done, executed=False))
         plan = await executor.schedule_group(group, input.step_path, parts.visit, fold)
         if isinstance(plan, Retry):
-            raise gave_up_error(
+            message = (
                 f"parallel group {input.step_path!r} of run {input.run_id!r} failed:"
-                f" {plan.error.type}: {plan.error.message}",
-                plan.error,
-            ) from plan.cause
+                f" {plan.error.type}: {plan.error.message}"
+            )
+            if plan.will_retry:
+                # Temporal retries this activity after the group's backoff: the next
+                # attempt of branches(ctx), as the step activities' retries are.
+                raise ApplicationError(
+                    message,
+                    type=plan.error.type,
+                    next_retry_delay=timedelta(seconds=max(plan.delay_s, 0.001)),
+                ) from plan.cause
+            raise gave_up_error(message, plan.error) from plan.cause
         if isinstance(plan, Committed):
             return GroupPlan(done=_done(plan))
         assert isinstance(plan, GroupScheduled)

@@ -125,6 +125,7 @@ from little_es.workflow.authoring import (
     Workflow,
 )
 from little_es.workflow.context import StepContext
+from little_es.workflow.ir import StepIR
 from little_es.workflow.paths import StepPathParts
 from little_es.workflow.paths import step_path as make_step_path
 from little_es.world import World
@@ -1069,14 +1070,30 @@ class StepExecutor:
             return await self._fail(begun, ErrorInfo.from_exception(exc), exc)
 
     async def _fail(self, begun: Begun, error: ErrorInfo, cause: BaseException | None) -> Retry:
-        will_retry = error.retryable and begun.attempt < begun.limit
+        return await self._attempt_failed(
+            begun.step.ir, begun.step_path, begun.visit, begun.attempt, begun.limit, error, cause
+        )
+
+    async def _attempt_failed(
+        self,
+        step: StepIR,
+        step_path: str,
+        visit: int,
+        attempt: int,
+        limit: int,
+        error: ErrorInfo,
+        cause: BaseException | None,
+    ) -> Retry:
+        """Commit ``StepFailed`` for an attempt of ``step`` and decide on a retry by its
+        policy (a step's code, or a parallel group's ``branches``)."""
+        will_retry = error.retryable and attempt < limit
 
         def fail(rec: RunRecorder) -> None:
             rec.step_failed(
-                begun.step_path,
-                step_id=begun.step.id,
-                visit=begun.visit,
-                attempt=begun.attempt,
+                step_path,
+                step_id=step.id,
+                visit=visit,
+                attempt=attempt,
                 error=error,
                 will_retry=will_retry,
             )
@@ -1085,12 +1102,12 @@ class StepExecutor:
         _log.warning(
             "step failed",
             run_id=self.run_id,
-            step_path=begun.step_path,
-            attempt=begun.attempt,
+            step_path=step_path,
+            attempt=attempt,
             error=error.message,
             will_retry=will_retry,
         )
-        delay = begun.step.ir.retry.backoff_for(begun.attempt) if will_retry else 0.0
+        delay = step.retry.backoff_for(attempt) if will_retry else 0.0
         return Retry(error, will_retry, delay, cause)
 
     # ------------------------------------------------------------ parallel groups
@@ -1115,25 +1132,32 @@ class StepExecutor:
         for a completed group too (raising
         :class:`~little_es.errors.ParallelReplayMismatchError`). A completed
         group gives its committed result; a failing ``branches`` function is
-        recorded as the group's non-retryable failure.
+        the failure of the group's attempt, retried by the group's own ``retry``
+        policy as a step's code is (the :class:`Retry` says when).
         """
         if fold is None:
             fold = self.writer.read()
         kept = _kept_by_fork(fold, step_path)
         if kept is not None:
             return Committed(kept, executed=False)
-        if step_path in fold.steps and completed_step(fold, step_path) is None:
+        recorded = fold.steps.get(step_path)
+        attempt, in_flight, limit = next_attempt(recorded, group.ir.retry.max_attempts)
+        if recorded is not None and completed_step(fold, step_path) is None:
             # Started before (a resume): no StepStarted append to lose to a cancel.
             self.check_stopped()
-        if step_path not in fold.steps:
+        if not in_flight and completed_step(fold, step_path) is None:
+            # A group's attempt is its branches(ctx): after a failure of it, the next
+            # attempt is started as a step's is (and the run is running again, so a
+            # failure now is recorded as the run's, not the one before).
 
             def start(rec: RunRecorder) -> None:
                 if rec.fold.status == "cancelled":
                     raise RunCancelledError(self.run_id, rec.fold.stop_reason)
                 self.check_parents_stopped()
-                if step_path not in rec.fold.steps:
+                now = rec.fold.steps.get(step_path)
+                if now is None or (now.status in ("failed", "pending") and now.attempts < attempt):
                     rec.step_started(
-                        step_path, step_id=group.id, kind="parallel", visit=visit, attempt=1
+                        step_path, step_id=group.id, kind="parallel", visit=visit, attempt=attempt
                     )
 
             await self.writer.write(start, catch_up=False)
@@ -1141,20 +1165,10 @@ class StepExecutor:
             # The group's own StepStarted changes nothing its branches(ctx) can see.
             branch_set = await self.branch_set(fold, group, step_path)
         except Exception as exc:
-            error = ErrorInfo.from_exception(exc, retryable=False)
-
-            def fail(rec: RunRecorder) -> None:
-                rec.step_failed(
-                    step_path,
-                    step_id=group.id,
-                    visit=visit,
-                    attempt=1,
-                    error=error,
-                    will_retry=False,
-                )
-
-            await self.writer.write(fail, catch_up=False)
-            return Retry(error, will_retry=False, cause=exc)
+            error = ErrorInfo.from_exception(exc)
+            return await self._attempt_failed(
+                group.ir, step_path, visit, attempt, limit, error, exc
+            )
         keys = tuple(branch_set)
 
         def schedule(rec: RunRecorder) -> Committed | None:
@@ -1224,8 +1238,14 @@ class StepExecutor:
                 output = dict(zip(keys, branch_outputs, strict=True))
             else:
                 output = {key: self._branch_output(rec.fold, group, visit, key) for key in keys}
+            started = rec.fold.steps.get(step_path)
             value = rec.step_completed(
-                step_path, step_id=group.id, visit=visit, attempt=1, output=output, hold=hold
+                step_path,
+                step_id=group.id,
+                visit=visit,
+                attempt=started.attempts if started is not None and started.attempts else 1,
+                output=output,
+                hold=hold,
             )
             return Committed(rec.fold.steps[step_path], executed=True, value=value)
 
@@ -1359,12 +1379,11 @@ class StepExecutor:
         return await self.writer.write(complete)
 
     async def fail_run(self, *, step_path: str | None, error: ErrorInfo | None = None) -> None:
-        """Commit ``RunFailed`` (unless the run is failed already): at ``step_path``, whose
+        """Commit ``RunFailed`` (unless the run failed so already): at ``step_path``, whose
         recorded error is the run's unless ``error`` is given, or with ``error`` alone."""
 
         def fail(rec: RunRecorder) -> None:
-            if rec.fold.status == "failed":
-                return
+            fold = rec.fold
             found = error
             if found is None and step_path is not None:
                 step = rec.fold.steps.get(step_path)
@@ -1373,6 +1392,13 @@ class StepExecutor:
                 raise RunStateError(
                     f"run {self.run_id!r}: failing it needs an error or a failed step path"
                 )
+            if fold.status == "failed" and (fold.failed_step_path, fold.error) == (
+                step_path,
+                found,
+            ):
+                return
+            # A failed run resumed that failed again before any step started (a group's
+            # branches(ctx) whose group was in flight): its failure is the new one.
             rec.run_failed(found, step_path=step_path)
 
         await self.writer.write(fail)

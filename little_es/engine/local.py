@@ -327,10 +327,14 @@ class _Scheduler:
 
     async def _parallel(self, group: ParallelStep, path: str, visit: int) -> Any:
         plan = await self.executor.schedule_group(group, path, visit)
+        while isinstance(plan, Retry):
+            if not plan.will_retry:
+                raise _RetriesExhaustedError(path, plan.error) from plan.cause
+            self.writer.flush()  # nothing waits with a result held back
+            await asyncio.sleep(plan.delay_s)
+            plan = await self.executor.schedule_group(group, path, visit)
         if isinstance(plan, Committed):
             return plan.output(self.world)
-        if isinstance(plan, Retry):
-            raise _RetriesExhaustedError(path, plan.error) from plan.cause
         inner: BranchStep = group.step
         branch_set = plan.branch_set
 

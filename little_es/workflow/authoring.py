@@ -553,7 +553,8 @@ def parallel(
     ``branches`` returns a list of keys or a mapping of key to value (see
     :meth:`ParallelStep.branch_set`). ``step`` is a task, agent or subworkflow
     step; each branch runs it with its own retry policy, and ``retry`` here is
-    the group's own. Loops are bounded by the group's ``max_visits``, so the
+    the group's own: that of ``branches(ctx)``, whose failure is the failure of
+    the group's attempt. Loops are bounded by the group's ``max_visits``, so the
     branch step keeps ``max_visits=1``.
     """
     _check_id(id)
