@@ -9,6 +9,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from conftest import WorldSpec
 from eventsourcing.persistence import IntegrityError, StoredEvent, Tracking
 
 from little_es import projections
@@ -212,6 +213,62 @@ def test_events_fed_one_by_one_give_the_same_model(world: World) -> None:
     for summary in by_id.values():
         _assert_matches_replay(world, summary)
     assert projection.catch_up() == 0
+
+
+def _write_runs_differing_in_case(world: World) -> None:
+    write_agent_run(world, "nightly", steps=1, calls_per_step=1)
+    write_agent_run(world, "Nightly", steps=3, calls_per_step=2, complete=False)
+
+
+def _assert_two_runs_differing_in_case(world: World) -> None:
+    runs = _by_id(world)
+    assert set(runs) == {"nightly", "Nightly"}
+    assert (runs["nightly"].steps, runs["Nightly"].steps) == (1, 3)
+    for summary in runs.values():
+        _assert_matches_replay(world, summary)
+    view = RunsProjection(world).view
+    for run_id in runs:
+        state = view.load_state(run_id)
+        assert state is not None and len(state.steps) == runs[run_id].steps
+
+
+def test_runs_whose_ids_differ_in_case_are_two_runs(world: World) -> None:
+    _write_runs_differing_in_case(world)
+    list_runs(world)
+    _assert_two_runs_differing_in_case(world)
+
+
+_OLD_MARIADB_VIEW = (
+    "CREATE TABLE little_es_runs_tracking (application_name VARCHAR(255) PRIMARY KEY,"
+    " notification_id BIGINT NOT NULL) ENGINE=InnoDB",
+    "CREATE TABLE little_es_runs (run_id VARCHAR(255) PRIMARY KEY,"
+    " summary LONGBLOB NOT NULL, state LONGBLOB NOT NULL) ENGINE=InnoDB",
+    "CREATE TABLE little_es_run_streams (stream_id BINARY(16) PRIMARY KEY,"
+    " run_id VARCHAR(255) NOT NULL) ENGINE=InnoDB",
+)
+
+
+@pytest.mark.backends("mariadb")
+def test_a_mariadb_read_model_keyed_without_case_is_rebuilt_at_open(
+    world: World, world_factory: Callable[[], World], world_spec: WorldSpec
+) -> None:
+    _write_runs_differing_in_case(world)
+    with world_spec.connect_mysql() as conn, conn.cursor() as cur:
+        for table in ("little_es_runs_tracking", "little_es_runs", "little_es_run_streams"):
+            cur.execute(f"DROP TABLE IF EXISTS {table}")
+        for statement in _OLD_MARIADB_VIEW:
+            cur.execute(statement)
+    assert len(list_runs(world)) == 1, "the old tables no longer fold the two runs together"
+    world.close()
+    reopened = world_factory()
+    list_runs(reopened)
+    _assert_two_runs_differing_in_case(reopened)
+    with world_spec.connect_mysql() as conn, conn.cursor() as cur:
+        cur.execute(
+            "SELECT DISTINCT COLLATION_NAME FROM information_schema.COLUMNS"
+            " WHERE TABLE_SCHEMA = DATABASE() AND COLUMN_NAME = 'run_id'"
+        )
+        assert cur.fetchall() == (("ascii_bin",),)
 
 
 def test_projection_needs_a_world() -> None:

@@ -232,6 +232,7 @@ class MySQLBackend(Backend):
                         " VARCHAR(64) PRIMARY KEY, connection_id BIGINT NOT NULL,"
                         " holder VARCHAR(255) NOT NULL) ENGINE=InnoDB"
                     )
+                    _drop_case_folding_runs_view(cur)
         finally:
             setup.close()
         super().__init__(app=app, artifacts=artifacts, leases=MySQLRunLeases(info), name=name)
@@ -281,6 +282,30 @@ class MySQLBackend(Backend):
         view = MySQLRunsView(self._engine)
         view.create_table()
         return view
+
+
+RUN_ID_COLUMN = "VARCHAR(255) CHARACTER SET ascii COLLATE ascii_bin"
+"""A run id column: run ids are ASCII (:func:`little_es.ids.validate_run_id`), and
+compared byte for byte, so ``Nightly`` and ``nightly`` are two runs as on the other
+backends (the database's default collation ignores case)."""
+
+
+def _drop_case_folding_runs_view(cur: pymysql.cursors.Cursor) -> None:
+    # Worlds created before RUN_ID_COLUMN keyed the runs read model case-insensitively,
+    # and may have folded two runs into one row: the model is only a projection of the
+    # log, so it is dropped, recreated with RUN_ID_COLUMN, and folded again from the
+    # first event. The tracking position goes first and the runs table last, so an open
+    # stopped half way still finds the old runs table and finishes the job.
+    cur.execute(
+        "SELECT COLLATION_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA ="
+        " DATABASE() AND TABLE_NAME = %s AND COLUMN_NAME = 'run_id'",
+        (RUNS_TABLE,),
+    )
+    row = cur.fetchone()
+    if row is None or row[0] == "ascii_bin":
+        return
+    for table in (RUNS_TRACKING_TABLE, RUN_STREAMS_TABLE, RUNS_TABLE):
+        cur.execute(f"DROP TABLE IF EXISTS {table}")
 
 
 def _sqlalchemy_url(info: ConnectionInfo) -> str:
@@ -688,12 +713,12 @@ class MySQLRunsView(RunsView):
                 " VARCHAR(255) PRIMARY KEY, notification_id BIGINT NOT NULL) ENGINE=InnoDB"
             )
             conn.exec_driver_sql(
-                f"CREATE TABLE IF NOT EXISTS {RUNS_TABLE} (run_id VARCHAR(255) PRIMARY KEY,"
+                f"CREATE TABLE IF NOT EXISTS {RUNS_TABLE} (run_id {RUN_ID_COLUMN} PRIMARY KEY,"
                 " summary LONGBLOB NOT NULL, state LONGBLOB NOT NULL) ENGINE=InnoDB"
             )
             conn.exec_driver_sql(
                 f"CREATE TABLE IF NOT EXISTS {RUN_STREAMS_TABLE} (stream_id BINARY(16)"
-                " PRIMARY KEY, run_id VARCHAR(255) NOT NULL) ENGINE=InnoDB"
+                f" PRIMARY KEY, run_id {RUN_ID_COLUMN} NOT NULL) ENGINE=InnoDB"
             )
 
     def _insert_tracking(self, conn: Any, tracking: Tracking) -> None:
