@@ -46,6 +46,7 @@ A user extends the run's domain model by subclassing :class:`RunEvent`::
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -77,6 +78,10 @@ from little_es.values import (
 )
 
 _BY_WIRE_NAME: dict[str, type[Event]] = {}
+
+WIRE_NAME_MAX_LENGTH = 255
+"""The longest wire name: it is every row's topic, and PostgreSQL's unique index on the
+topics table refuses one over about 2,700 bytes (255 characters are at most 1,020)."""
 
 
 def utc_now() -> datetime:
@@ -139,7 +144,8 @@ class Event(Checked):
     ``originator_id`` is the stream (aggregate) id, ``originator_version`` the
     event's position in it (1-based, gapless), ``timestamp`` when it was
     recorded. Subclasses that set ``wire_name`` are registered so the codec can
-    read them back; a wire name may be registered only once.
+    read them back; a wire name may be registered only once, and is at most
+    :data:`WIRE_NAME_MAX_LENGTH` characters with no control character.
 
     The position is not part of an event's stored payload (the recorder keeps
     it in its own columns): :meth:`little_es.domain.Aggregate.trigger` places a
@@ -215,6 +221,7 @@ class Event(Checked):
         name = cls.__dict__.get("wire_name")
         if not name:
             return
+        _check_wire_name(cls, name)
         existing = _BY_WIRE_NAME.get(name)
         if existing is not None and existing.__qualname__ != cls.__qualname__:
             raise TypeError(
@@ -222,6 +229,24 @@ class Event(Checked):
                 f"{existing.__qualname__}: give {cls.__qualname__} another wire_name"
             )
         _BY_WIRE_NAME[name] = cls
+
+
+def _check_wire_name(cls: type[Event], name: object) -> None:
+    # Refused here, when the class is defined, rather than by one backend at commit: a NUL
+    # is stored by SQLite and MariaDB but not PostgreSQL, a lone surrogate by none of them.
+    if not isinstance(name, str):
+        raise TypeError(f"{cls.__qualname__}.wire_name must be a string, got {type(name).__name__}")
+    if len(name) > WIRE_NAME_MAX_LENGTH:
+        raise TypeError(
+            f"{cls.__qualname__}.wire_name is {len(name)} characters long; at most"
+            f" {WIRE_NAME_MAX_LENGTH} are allowed"
+        )
+    bad = next((c for c in name if unicodedata.category(c) in ("Cc", "Cs")), None)
+    if bad is not None:
+        raise TypeError(
+            f"{cls.__qualname__}.wire_name {name!r} contains {bad!r} (a control character"
+            " or a lone surrogate); give it a wire_name of printable characters"
+        )
 
 
 def event_class_for(wire_name: str) -> type[Event] | None:

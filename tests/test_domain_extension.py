@@ -14,6 +14,7 @@ import pytest
 from little_es.domain import Run
 from little_es.errors import EventPayloadError, RunNotFoundError
 from little_es.events import (
+    WIRE_NAME_MAX_LENGTH,
     HarnessEvent,
     OuterLoopStarted,
     RunEvent,
@@ -48,6 +49,12 @@ class ApprovalGranted(RunEvent):
     wire_name: ClassVar[str] = "ApprovalGranted"
 
     approver: str
+
+
+class LongestNamed(RunEvent):
+    """A user event whose wire name is as long as allowed, and not all ASCII."""
+
+    wire_name: ClassVar[str] = "Approved\U0001f600".ljust(WIRE_NAME_MAX_LENGTH, "x")
 
 
 def _start(world: World, run_id: str) -> None:
@@ -155,3 +162,33 @@ def test_a_duplicate_wire_name_is_refused(taken: str) -> None:
             wire_name: ClassVar[str] = taken
 
     assert event_class_for(taken) is owner
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "Appr\x00oved",
+        "Appr\noved",
+        "Approved\x7f",
+        "Appr\x85oved",
+        "Appr\ud800oved",
+        "E" * (WIRE_NAME_MAX_LENGTH + 1),
+        5,
+    ],
+    ids=["nul", "newline", "del", "c1", "surrogate", "too long", "not a string"],
+)
+def test_a_wire_name_no_backend_stores_alike_is_refused(name: object) -> None:
+    with pytest.raises(TypeError, match=r"Odd\.wire_name"):
+
+        class Odd(RunEvent):
+            wire_name: ClassVar[str] = name  # type: ignore[assignment]
+
+    assert all("Odd" not in c.__qualname__ for c in map(event_class_for, registered_wire_names()))
+
+
+def test_the_longest_wire_name_is_stored_and_read_back(world: World) -> None:
+    _start(world, "run_long_name")
+    recorded = world.record_run_event("run_long_name", LongestNamed)
+    assert world.read_run_log("run_long_name")[-1] == recorded
+    topics = [r.topic for r in world.select_stored(run_stream_id("run_long_name"))]
+    assert topics[-1] == LongestNamed.wire_name
