@@ -61,7 +61,7 @@ from little_es.events import (
     OuterLoopEndReason,
     OuterLoopStarted,
 )
-from little_es.harness.manifest import compute_manifest, manifest_changes
+from little_es.harness.manifest import SETTINGS_KEY, compute_manifest, manifest_changes
 from little_es.harness.model import Model
 from little_es.harness.tools import Tool
 from little_es.ids import validate_run_id
@@ -239,9 +239,14 @@ class Planner:
         return text
 
     def manifest(
-        self, context: LoopContext, workflow: Workflow
+        self, context: LoopContext, workflow: Workflow, *, settings: bool = True
     ) -> tuple[dict[str, JSONValue], str]:
-        """The cycle's planner manifest and its hash: what a resume compares."""
+        """The cycle's planner manifest and its hash: what a resume compares.
+
+        ``settings=False`` leaves the model's request settings out, as a cycle started
+        before they were pinned recorded it (its planner's session is checked for them
+        when it resumes, if it recorded them).
+        """
         step = self.step
         session, _ = compute_manifest(
             step.model,
@@ -251,6 +256,8 @@ class Planner:
             step.max_turns,
             prompt=self.render(context),
         )
+        if not settings:
+            session.pop(SETTINGS_KEY, None)
         manifest: dict[str, JSONValue] = {
             "planner": session,
             "planner_workflow_ir_hash": self.workflow.ir_hash,
@@ -259,6 +266,12 @@ class Planner:
             "outer_loop_context_hash": context.context_hash,
         }
         return manifest, hashlib.sha256(canonical_json(manifest)).hexdigest()
+
+
+def _pins_settings(manifest: Mapping[str, JSONValue]) -> bool:
+    """Whether a recorded planner manifest holds the planner model's request settings."""
+    session = manifest.get("planner")
+    return not isinstance(session, Mapping) or SETTINGS_KEY in session
 
 
 def _planner_changes(old: Mapping[str, JSONValue], new: Mapping[str, JSONValue]) -> list[str]:
@@ -624,8 +637,10 @@ class _Driver:
     def drifted(self, cycle: LoopCycle) -> bool:
         """Abandon ``cycle`` (and return True) when its planner manifest is no longer the code's."""
         context = self.planner_context(cycle)
-        manifest, manifest_hash = self.planner.manifest(context, self.workflow)
         old = cycle.started
+        manifest, manifest_hash = self.planner.manifest(
+            context, self.workflow, settings=_pins_settings(old.planner_manifest)
+        )
         if manifest_hash == old.planner_manifest_hash:
             return False
         changes = _planner_changes(old.planner_manifest, manifest)

@@ -502,3 +502,10 @@ async def test_an_answer_that_is_no_json_is_a_model_error_not_a_refusal_to_send(
         await model.complete(_HI)
     assert info.value.retryable is False
     assert "refused to send" not in str(info.value)
+
+
+def test_max_tokens_and_the_parameters_are_the_models_request_settings() -> None:
+    claude = AnthropicModel("claude-x", api_key="k", parameters={"temperature": 0.2})
+    assert claude.request_settings == {"max_tokens": 4096, "temperature": 0.2}
+    capped = AnthropicModel("claude-x", api_key="k", max_tokens=100)
+    assert capped.request_settings == {"max_tokens": 100}

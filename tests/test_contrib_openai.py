@@ -386,3 +386,14 @@ async def test_an_integer_past_64_bits_in_the_arguments_is_refused_not_rounded(
     with pytest.raises(ModelError, match=r"arguments\.days is an integer of 71 bits") as info:
         await model.complete(ModelRequest(messages=(Message(role="user", content="hi"),)))
     assert info.value.retryable is False
+
+
+def test_the_parameters_are_the_models_request_settings_pinned_in_a_session() -> None:
+    from little_es.harness.manifest import SETTINGS_KEY, compute_manifest
+
+    tuned = OpenAIChatModel("m", api_key="k", parameters={"temperature": 0})
+    assert tuned.request_settings == {"temperature": 0}
+    manifest, _ = compute_manifest(tuned, (), None, None, 5)
+    assert manifest[SETTINGS_KEY] == {"temperature": 0}
+    plain, _ = compute_manifest(OpenAIChatModel("m", api_key="k"), (), None, None, 5)
+    assert plain[SETTINGS_KEY] == {}

@@ -339,3 +339,68 @@ def test_an_agent_past_its_max_turns_is_not_retried(tmp_path: Path) -> None:
     assert [e.attempt for e in log if isinstance(e, StepStarted)] == [1]
     assert dict(server.requests) == {1: 1}
     assert sorted(ran) == ["add", "lookup"]
+
+
+def test_a_resume_with_other_model_settings_or_output_schema_is_refused(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """The settings the agent sends with every request (its model's and its own) and its
+    output schema are pinned in the session's manifest: a resume with others would
+    continue a conversation made by another agent."""
+    from pydantic import BaseModel
+
+    from little_es.contrib import pydantic_ai as integration
+    from little_es.errors import CapabilityDriftError
+
+    class Answer(BaseModel):
+        answer: int
+
+    server = ChatServer()
+    httpd = start_server(server)
+
+    def workflow(temperature: float, output: Any = str) -> Workflow:
+        model = OpenAIChatModel(
+            "gpt-4o-mini", provider=OpenAIProvider(base_url=server.base_url, api_key="k")
+        )
+        agent = Agent(model, output_type=output, model_settings={"temperature": temperature})
+
+        @agent.tool
+        def lookup(ctx: RunContext[None], key: str) -> int:
+            """Look a key up."""
+            return 1
+
+        @agent.tool
+        def add(ctx: RunContext[None], a: int, b: int) -> int:
+            """Add two numbers."""
+            return a + b
+
+        return Workflow("pai_settings", steps=[pydantic_ai_step("ask", agent, prompt="go")])
+
+    assert workflow(0.0).steps[0].model.request_settings["agent_settings"] == {  # type: ignore[attr-defined]
+        "temperature": 0.0
+    }
+    save = integration._Recorder.save
+
+    def save_then_crash(self: Any, *args: Any, **kwargs: Any) -> None:
+        save(self, *args, **kwargs)
+        raise _Crash
+
+    try:
+        with local_world(tmp_path / "w") as world:
+            with monkeypatch.context() as mp:
+                mp.setattr(integration._Recorder, "save", save_then_crash)
+                with pytest.raises(_Crash):
+                    asyncio.run(run_workflow(world, workflow(0.0), {}, run_id="run_tuned"))
+            sent = dict(server.requests)
+            rows = len(world.read_run_log("run_tuned"))
+            for changed, said in (
+                (workflow(1.5), "'agent_settings' changed"),
+                (workflow(0.0, Answer), "'output_schema_sha256' changed"),
+            ):
+                with pytest.raises(CapabilityDriftError, match=f"request setting {said}"):
+                    asyncio.run(run_workflow(world, changed, run_id="run_tuned"))
+            assert dict(server.requests) == sent
+            assert len(world.read_run_log("run_tuned")) == rows
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

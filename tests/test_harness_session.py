@@ -44,6 +44,7 @@ from little_es.harness.session import (
 from little_es.harness.tools import Tool, ToolContext, tool
 from little_es.ids import session_stream_id
 from little_es.values import ModelRequest, ToolCall, Usage
+from little_es.workflow.ir import canonical_json
 from little_es.world import World, local_world, memory_world
 
 RUN = "run_session_test"
@@ -553,6 +554,40 @@ async def test_a_session_recorded_without_the_prompt_resumes_and_its_chain_guard
     assert [c for c, _, _ in ledger] == ["c3"] and model.calls == 1
 
 
+async def test_a_model_whose_settings_changed_is_refused_and_one_recorded_before_resumes(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(_Crash):
+        await _run(world, _TunedModel({"temperature": 0}), _tools([], crash_on=frozenset({"c3"})))
+    first = _events(world)[0]
+    assert isinstance(first, SessionStarted)
+    assert first.manifest["request_settings"] == {"temperature": 0}
+    before = len(_events(world))
+    model = _TunedModel({"temperature": 1.5})
+    with pytest.raises(CapabilityDriftError, match="request setting 'temperature' changed"):
+        await _run(world, model, _tools([]))
+    assert len(_events(world)) == before and model.calls == 0
+
+    # A session started before the settings were pinned has no such key: not compared.
+    with monkeypatch.context() as old_code:
+
+        def unpinned(*args: Any) -> Any:
+            manifest, _ = compute_manifest(*args)
+            del manifest["request_settings"]
+            return manifest, hashlib.sha256(canonical_json(manifest)).hexdigest()
+
+        old_code.setattr(session_module, "compute_manifest", unpinned)
+        with pytest.raises(_Crash):
+            await _run(
+                world,
+                _TunedModel({"temperature": 0}),
+                _tools([], crash_on=frozenset({"c3"})),
+                attempt=2,
+            )
+    outcome = await _run(world, _TunedModel({"temperature": 1.5}), _tools([]), attempt=2)
+    assert outcome.output == "the answer is 3"
+
+
 async def test_an_edited_manifest_body_is_refused_though_its_hash_is_unchanged(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -609,6 +644,15 @@ def _with_search() -> list[Tool]:
     return [*_tools([]), tool(search)]
 
 
+class _TunedModel(ScriptedModel):
+    """A model that sends settings of its own with every request (as the provider
+    adapters' ``parameters``): they are pinned as its ``request_settings``."""
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        super().__init__(SCRIPT, provider="acme", model_id="acme-1")
+        self.request_settings = settings
+
+
 ORIGINAL: dict[str, Any] = {
     "system": "You are terse.",
     "parameters": {"temperature": 0},
@@ -639,6 +683,11 @@ DRIFTS: list[tuple[str, Callable[[], dict[str, Any]], str]] = [
         "parameter added",
         lambda: {"parameters": {"temperature": 0, "seed": 1}},
         "parameter 'seed' added",
+    ),
+    (
+        "model settings",
+        lambda: {"model": _TunedModel({"temperature": 1.5})},
+        "request setting 'temperature' added",
     ),
     ("max_turns", lambda: {"max_turns": 9}, "max_turns changed from 5 to 9"),
     ("prompt", lambda: {"prompt": "what is 2 + 2?"}, "prompt changed"),

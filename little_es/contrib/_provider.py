@@ -55,6 +55,13 @@ class ProviderModel:
         """The default request parameters given at construction (read-only)."""
         return self._parameters
 
+    @property
+    def request_settings(self) -> dict[str, JSONValue]:
+        """What this model sends with every request besides the conversation and tools:
+        pinned in each session's manifest, so a resume with another (a changed
+        temperature) is refused as drift."""
+        return dict(self._parameters)
+
     @classmethod
     def _check_parameters(
         cls, params: dict[str, JSONValue], what: str, error: Callable[[str], Exception]

@@ -132,6 +132,12 @@ class AnthropicModel(ProviderModel):
         self._max_tokens = max_tokens
         self._parameters: Mapping[str, JSONValue] = MappingProxyType(params)
 
+    @property
+    def request_settings(self) -> dict[str, JSONValue]:
+        """The parameters and the ``max_tokens`` sent with every request (see
+        :attr:`ProviderModel.request_settings`)."""
+        return {"max_tokens": self._max_tokens, **self._parameters}
+
     async def aclose(self) -> None:
         """Close the HTTP client if this model created it (a client passed in is left open)."""
         if self._owns_client:

@@ -41,10 +41,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from pydantic import TypeAdapter
 
 from little_es.errors import MissingExtraError
 
@@ -156,7 +157,11 @@ def pydantic_ai_step(
             f"pydantic_ai_step {id!r}: deps must be a function of the StepContext, got"
             f" {type(deps).__name__}"
         )
-    descriptor = _ModelDescriptor(provider=model.system or "unknown", model_id=model.model_name)
+    descriptor = _ModelDescriptor(
+        provider=model.system or "unknown",
+        model_id=model.model_name,
+        request_settings=_request_settings(id, agent_, model),
+    )
     parameters: dict[str, Any] = {"pydantic_ai": _agent_pin(id, agent_)}
     step = agent(
         id,
@@ -185,10 +190,12 @@ def pydantic_ai_step(
 @dataclass(frozen=True, slots=True)
 class _ModelDescriptor:
     """What the manifest and the prices need of the agent's model (a little_es ``Model``'s
-    ``provider`` and ``model_id``); the calls go through the Pydantic AI model itself."""
+    ``provider``, ``model_id`` and ``request_settings``); the calls go through the Pydantic
+    AI model itself."""
 
     provider: str
     model_id: str
+    request_settings: dict[str, Any] = field(default_factory=dict)
 
     async def complete(self, request: LittleModelRequest) -> ModelResponse:
         """Never called: the step's runner sends the agent's requests through its model."""
@@ -196,6 +203,36 @@ class _ModelDescriptor:
             f"the Pydantic AI model {self.provider}:{self.model_id} is called by its agent;"
             " use pydantic_ai_step(), not agent(model=...), to run it"
         )
+
+
+def _request_settings(step_id: str, agent_: Agent[Any, Any], model: _PaiModel) -> dict[str, Any]:
+    """What the agent sends with every request besides the conversation and its function
+    tools: its model's and its own settings, and the schema of its output (its output
+    tools). Pinned in the session's manifest, not in the IR (see ``request_settings`` in
+    :mod:`little_es.harness.manifest`)."""
+    output: Any = agent_.output_type
+    try:
+        schema: Any = TypeAdapter(output).json_schema()
+    except Exception:  # an output spec TypeAdapter cannot describe: pinned by its repr
+        schema = repr(output)
+    pinned: dict[str, Any] = {
+        "output_schema_sha256": hashlib.sha256(
+            orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
+        ).hexdigest()
+    }
+    for key, settings in (
+        ("model_settings", model.settings),
+        ("agent_settings", agent_.model_settings),
+    ):
+        if settings:
+            try:
+                pinned[key] = orjson.loads(orjson.dumps(to_jsonable_python(settings)))
+            except (TypeError, ValueError) as exc:
+                raise WorkflowDefinitionError(
+                    f"pydantic_ai_step {step_id!r}: the {key.replace('_', ' ')} must be JSON"
+                    f" values to be pinned ({exc})"
+                ) from exc
+    return pinned
 
 
 def _agent_pin(step_id: str, agent_: Agent[Any, Any]) -> dict[str, Any]:

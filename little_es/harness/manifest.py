@@ -20,6 +20,13 @@ faithful continuation, and :class:`~little_es.errors.CapabilityDriftError`
 says exactly what changed. The restart check over a whole run is
 :func:`little_es.engine.integrity.assert_harness_manifest_consistent`.
 
+``request_settings`` holds what the model sends with every request besides the
+conversation and the tools (a model's ``request_settings``: the provider
+adapters' ``parameters``, Anthropic's ``max_tokens``, a Pydantic AI agent's
+model settings and output schema; ``{}`` for a model that has none). Sessions
+started before it was pinned have no such key, and it is then not compared
+(every session started since has it).
+
 Sessions started before the prompt was pinned have no ``prompt_sha256``: a
 missing key means "not recorded", and the prompt is then not compared from the
 manifest (the conversation's hash chain still refuses a changed prompt, as
@@ -36,6 +43,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
+import orjson
 from pydantic import ValidationError
 
 from little_es.errors import CapabilityDriftError, RuntimeIntegrityError, SessionInputError
@@ -49,6 +57,7 @@ from little_es.world import World
 
 __all__ = [
     "PROMPT_KEY",
+    "SETTINGS_KEY",
     "assert_session_manifest_consistent",
     "check_manifest",
     "compute_manifest",
@@ -58,6 +67,10 @@ __all__ = [
 
 PROMPT_KEY = "prompt_sha256"
 """The manifest key of the prompt's sha256; absent means "not recorded" (see the module)."""
+
+SETTINGS_KEY = "request_settings"
+"""The manifest key of the model's request settings; absent means "not recorded": a
+session started before it was pinned (see the module)."""
 
 
 def compute_manifest(
@@ -130,7 +143,27 @@ def compute_manifest(
         # Not in AgentSpecIR: the IR (and its hash) describes the code, and a prompt
         # function's text is only known when the step runs.
         manifest[PROMPT_KEY] = _sha256(prompt.encode("utf-8"))
+    # Not in AgentSpecIR either: the IR hash of a workflow whose model has settings would
+    # change, and refuse every run recorded before they were pinned.
+    manifest[SETTINGS_KEY] = _request_settings(model)
     return manifest, _sha256(canonical_json(manifest))
+
+
+def _request_settings(model: Model) -> JSONValue:
+    settings = getattr(model, "request_settings", None)
+    if settings is None:
+        return {}
+    if not isinstance(settings, Mapping):
+        raise SessionInputError(
+            f"{type(model).__name__}.request_settings must be a mapping of JSON values, got"
+            f" {type(settings).__name__}"
+        )
+    try:
+        return orjson.loads(orjson.dumps(dict(settings), option=orjson.OPT_SORT_KEYS))
+    except TypeError as exc:
+        raise SessionInputError(
+            f"{type(model).__name__}.request_settings must be JSON values ({exc})"
+        ) from exc
 
 
 def check_manifest(
@@ -164,8 +197,9 @@ def check_manifest(
     raise CapabilityDriftError(
         f"{where}: the agent changed since its harness session started: {'; '.join(changes)}."
         " The recorded model and tool calls were made by the old agent, so resuming would not"
-        " be a faithful continuation: restore the original model, system prompt, prompt,"
-        " tools, parameters and max_turns to resume this run, or start a new run"
+        " be a faithful continuation: restore the original model (and its settings), system"
+        " prompt, prompt, tools, parameters and max_turns to resume this run, or start a new"
+        " run"
     )
 
 
@@ -173,12 +207,18 @@ def _comparable(
     recorded: Mapping[str, JSONValue], manifest: Mapping[str, JSONValue]
 ) -> tuple[Mapping[str, JSONValue], Mapping[str, JSONValue]]:
     # The prompt is compared when both sides pinned it: an old session did not
-    # record it, and a restart check cannot render a prompt function.
-    if (PROMPT_KEY in recorded) == (PROMPT_KEY in manifest):
+    # record it, and a restart check cannot render a prompt function. The request
+    # settings, when the session recorded them: every session started since does.
+    unpinned = set()
+    if (PROMPT_KEY in recorded) != (PROMPT_KEY in manifest):
+        unpinned.add(PROMPT_KEY)
+    if SETTINGS_KEY not in recorded:
+        unpinned.add(SETTINGS_KEY)
+    if not unpinned:
         return recorded, manifest
     return (
-        {k: v for k, v in recorded.items() if k != PROMPT_KEY},
-        {k: v for k, v in manifest.items() if k != PROMPT_KEY},
+        {k: v for k, v in recorded.items() if k not in unpinned},
+        {k: v for k, v in manifest.items() if k not in unpinned},
     )
 
 
@@ -249,7 +289,12 @@ def manifest_changes(old: Mapping[str, JSONValue], new: Mapping[str, JSONValue])
         changes.append("prompt changed")
     changes += _tool_changes(old.get("tools"), new.get("tools"))
     changes += _parameter_changes(old.get("parameters"), new.get("parameters"))
+    changes += [
+        c.replace("parameter ", "request setting ", 1)
+        for c in _parameter_changes(old.get(SETTINGS_KEY), new.get(SETTINGS_KEY))
+    ]
     known = {
+        SETTINGS_KEY,
         "provider",
         "model_id",
         "max_turns",
