@@ -275,6 +275,12 @@ def _check_head(
 ) -> None:
     if head is None:
         return
+    if head.version < 1:
+        # Every head is written with the commit of a row: one before the first row was not.
+        raise LogTamperedError(
+            f"stream {stream_id} has a head at version {head.version}, before its first row:"
+            " the heads table was edited; restore the world from a backup"
+        )
     version = rows[-1][0] if rows else 0
     if version < head.version:
         raise LogTamperedError(

@@ -27,11 +27,12 @@ importable where the world is moved: their payloads must be JSON objects. The tr
 trailer), lines added, removed, changed or moved are refused.
 
 :func:`import_world` reads the whole stream and checks it before it writes anything: the
-format and version, the trailer, each stream's rows against their chain and head
-(as a read of the world does), every payload decoded as strictly as the readers do,
-every artifact the events reference present and hashing to its address, and that the
-target holds none of the streams. Then it writes the artifacts (before the events that
-reference them, as every commit does) and appends every row in one transaction. The
+format and version, the header's log format against the exported world's record, the
+trailer, each stream's rows against their chain and head (as a read of the world does),
+every payload and snapshot decoded as strictly as the readers do, every artifact the
+events reference present and hashing to its address, and that the target holds none of
+the streams. Then it writes the artifacts (before the events that reference them, as
+every commit does) and appends every row and snapshot in one transaction. The
 world's own record (:class:`~little_es.events.WorldCreated`) is taken by a target that
 has none yet (it becomes the exported world); a target that has one keeps it.
 """
@@ -80,9 +81,9 @@ from little_es.errors import (
 )
 from little_es.events import (
     LOG_FORMAT_LINKED,
+    LOG_FORMAT_UNCHAINED,
     Event,
-    ModelPriceSet,
-    OuterLoopStarted,
+    RunForked,
     RunStarted,
     SessionStarted,
     WorldCreated,
@@ -92,6 +93,7 @@ from little_es.events import (
 from little_es.ids import world_stream_id
 from little_es.outer_loop import encode_view, loop_view
 from little_es.values import ArtifactRef
+from little_es.verify import identify_stream
 from little_es.world import World
 
 __all__ = [
@@ -162,20 +164,6 @@ def _row_fields(stream_id: UUID, version: int, topic: str, data: bytes) -> dict[
     except UnicodeDecodeError:
         fields["payload_b64"] = base64.b64encode(payload).decode()
     return fields
-
-
-def _identify(first: Event | None, stream_id: UUID) -> tuple[str, str]:
-    if isinstance(first, RunStarted):
-        return "run", first.run_id
-    if isinstance(first, SessionStarted):
-        return "session", f"{first.run_id}/{first.step_path}#{first.attempt}"
-    if isinstance(first, OuterLoopStarted):
-        return "outer_loop", first.outer_loop_id
-    if isinstance(first, WorldCreated):
-        return "world", first.world_id
-    if isinstance(first, ModelPriceSet):
-        return "prices", "price book"
-    return "stream", str(stream_id)
 
 
 def _refs(event: Event) -> Iterator[ArtifactRef]:
@@ -286,7 +274,7 @@ def export_world(
             for ref in _refs(event):
                 refs.setdefault(ref.sha256, ref)
         digest = check_rows(stream_id, rows)
-        kind, name = _identify(first, stream_id)
+        kind, name = identify_stream(stream_id, first)
         if isinstance(first, WorldCreated):
             world_id, log_format = first.world_id, first.log_format
         if kind == "stream" and rows and is_domain_topic(rows[0][1]):
@@ -439,6 +427,7 @@ def _parse(source: IO[bytes] | IO[str], tell: TransferProgress) -> _Parsed:
     stage = -1
     line_no = 0
     trailer: dict[str, Any] | None = None
+    snapshotted: set[tuple[UUID, int]] = set()
     for raw in source:
         line_no += 1
         data = raw.encode() if isinstance(raw, str) else raw
@@ -478,6 +467,12 @@ def _parse(source: IO[bytes] | IO[str], tell: TransferProgress) -> _Parsed:
                 stream = _Stream.model_validate(obj)
             except ValueError as exc:
                 raise _fail(line_no, f"a stream line that does not validate ({exc})") from None
+            if stream.version < 1:
+                raise _fail(
+                    line_no,
+                    f"stream {stream.stream_id} declared with {stream.version} events (every"
+                    " stream exported holds one or more)",
+                )
             if stream.stream_id in parsed.streams:
                 raise _fail(line_no, f"stream {stream.stream_id} declared twice")
             parsed.streams[stream.stream_id] = stream
@@ -486,7 +481,11 @@ def _parse(source: IO[bytes] | IO[str], tell: TransferProgress) -> _Parsed:
             if len(parsed.events) % _PAGE == 0:
                 tell("reading", len(parsed.events), _expected(parsed.header))
         elif kind == "snapshot":
-            parsed.snapshots.append(_row_of(obj, line_no))
+            row = _row_of(obj, line_no)
+            if row[:2] in snapshotted:
+                raise _fail(line_no, f"a second snapshot of stream {row[0]} at version {row[1]}")
+            snapshotted.add(row[:2])
+            parsed.snapshots.append(row)
         elif kind == "artifact":
             sha, blob = obj.get("sha256"), obj.get("data")
             try:
@@ -567,7 +566,6 @@ def import_world(
         raise TypeError(f"import_world reads a file object, got {type(source).__name__}")
     tell = progress or _ignore
     parsed = _parse(source, tell)
-    legacy = parsed.header["log_format"] == 1
     mapper = world.app.mapper
     assert isinstance(mapper, PydanticMapper)
 
@@ -580,6 +578,10 @@ def import_world(
                 " export the world again (nothing was imported)"
             )
         rows.append((version, topic, data))
+    # Rows may lack a frame only where the world that reads them was made before the chain.
+    # A new target becomes the exported world; a target that keeps its own record takes
+    # such rows only if it is that old too (refused below, before anything is written).
+    legacy = _log_format(parsed, by_stream, mapper) == LOG_FORMAT_UNCHAINED
     heads: dict[UUID, Head] = {}
     refs: dict[str, ArtifactRef] = {}
     total = len(by_stream)
@@ -602,7 +604,7 @@ def import_world(
                 if event is None:
                     continue
                 first = first or event
-                if isinstance(first, RunStarted | SessionStarted):
+                if isinstance(first, RunStarted | RunForked | SessionStarted):
                     owner = first.run_id
                 for ref in _refs(event):
                     if owner is not None and ref.run_id != owner:
@@ -616,7 +618,7 @@ def import_world(
             raise type(exc)(
                 f"in the export, {declared.kind} {declared.name}: {exc} (nothing was imported)"
             ) from exc
-        kind, name = _identify(first, stream_id)
+        kind, name = identify_stream(stream_id, first)
         if kind == "stream" and rows and is_domain_topic(rows[0][1]):
             kind, name = "aggregate", rows[0][1].rsplit(".", 1)[0]
         if (kind, name) != (declared.kind, declared.name):
@@ -634,7 +636,7 @@ def import_world(
                 " referenced by the export but not in it: export the world again (nothing was"
                 " imported)"
             )
-    snapshots = _checked_snapshots(parsed, by_stream)
+    snapshots = _checked_snapshots(world, parsed, by_stream)
 
     # The target: it holds none of the streams (its own record aside, which it keeps).
     record = world_stream_id()
@@ -701,6 +703,30 @@ def import_world(
     )
 
 
+def _log_format(
+    parsed: _Parsed, by_stream: dict[UUID, list[tuple[int, str, bytes]]], mapper: PydanticMapper
+) -> int:
+    """The exported world's log format, as its record says; the header's must agree."""
+    header: int = parsed.header["log_format"]
+    record: Event | None = None
+    rows = by_stream.get(world_stream_id())
+    if rows:
+        version, topic, data = rows[0]
+        try:
+            record = _checked(mapper, world_stream_id(), version, topic, payload_of(data))
+        except EventLogError:
+            return header  # the check of its stream refuses it, naming what is wrong
+    # An export without a record (of a world that held nothing) is written as linked.
+    log_format = record.log_format if isinstance(record, WorldCreated) else LOG_FORMAT_LINKED
+    if header != log_format:
+        raise ExportFormatError(
+            f"the export's header gives log format {header}, but the exported world is in"
+            f" log format {log_format}: the file was changed; export the world again (nothing"
+            " was imported)"
+        )
+    return log_format
+
+
 def _declared_head(declared: _Stream) -> Head:
     """The head a stream line declares, its fields checked."""
     fields = declared.head
@@ -730,20 +756,21 @@ def _declared_head(declared: _Stream) -> Head:
 
 
 def _checked_snapshots(
-    parsed: _Parsed, by_stream: dict[UUID, list[tuple[int, str, bytes]]]
+    world: World, parsed: _Parsed, by_stream: dict[UUID, list[tuple[int, str, bytes]]]
 ) -> list[tuple[UUID, int, str, bytes]]:
-    """The snapshots, each checked to stand on the exported event of its version."""
+    """The snapshots, each checked to stand on the exported event of its version and to
+    decode as a load of its run reads it."""
     for stream_id, version, topic, data in parsed.snapshots:
         rows = by_stream.get(stream_id, [])
         try:
             unframe(stream_id, version, topic, data, unframed_allowed=False)
-        except LogTamperedError as exc:
-            raise LogTamperedError(
+            if version > len(rows) or not links(row_digest(rows[version - 1][2]), row_prev(data)):
+                raise LogTamperedError(
+                    f"at version {version}, it does not stand on the exported event of that version"
+                )
+            world.decode_snapshot(stream_id, version, topic, data)
+        except EventLogError as exc:
+            raise type(exc)(
                 f"in the export, the snapshot of stream {stream_id}: {exc} (nothing was imported)"
             ) from exc
-        if version > len(rows) or not links(row_digest(rows[version - 1][2]), row_prev(data)):
-            raise LogTamperedError(
-                f"in the export, the snapshot of stream {stream_id} at version {version} does"
-                " not stand on the exported event of that version (nothing was imported)"
-            )
     return parsed.snapshots

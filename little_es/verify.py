@@ -234,7 +234,7 @@ class _Checker:
                 # Loaded as a resume loads it, so its latest snapshot is checked too.
                 self.world.load_run(events[0].run_id)
         except EventLogError as exc:
-            kind, name = _identify(stream_id, self._first_event(stream_id))
+            kind, name = identify_stream(stream_id, self._first_event(stream_id))
             self.streams[stream_id] = StreamCheck(
                 stream_id=stream_id,
                 kind=kind,
@@ -243,7 +243,7 @@ class _Checker:
                 problem=" ".join(str(exc).split()),
             )
             return []
-        kind, name = _identify(stream_id, events)
+        kind, name = identify_stream(stream_id, events[0] if events else None)
         self.streams[stream_id] = StreamCheck(
             stream_id=stream_id, kind=kind, name=name, events=count, undecoded=undecoded
         )
@@ -270,18 +270,18 @@ class _Checker:
             problem=problem,
         )
 
-    def _first_event(self, stream_id: UUID) -> list[Event]:
-        """The stream's first event alone, if it can be read: it names a broken stream."""
+    def _first_event(self, stream_id: UUID) -> Event | None:
+        """The stream's first event, if it can be read: it names a broken stream."""
         rows = self.world.backend.select_rows(stream_id, None)
         if not rows:
-            return []
+            return None
         version, topic, data = rows[0]
         mapper = self.world.app.mapper
         assert isinstance(mapper, PydanticMapper)
         try:
-            return [mapper.decode_row(stream_id, version, topic, data)]
+            return mapper.decode_row(stream_id, version, topic, data)
         except EventLogError:
-            return []
+            return None
 
     def _check_artifact(self, ref: ArtifactRef, run_id: str | None) -> None:
         key = (ref.sha256, ref.run_id, ref.step_path)
@@ -331,8 +331,10 @@ def _streams_in_log(world: World) -> Iterator[UUID]:
         start = page[-1].id
 
 
-def _identify(stream_id: UUID, events: list[Event]) -> tuple[str, str]:
-    first = events[0] if events else None
+def identify_stream(stream_id: UUID, first: Event | None) -> tuple[str, str]:
+    """What a stream is and its name, by its first event (as `little verify` and
+    `little export` show it): ``("run", run_id)`` for a run or a fork, and so on;
+    ``("stream", its id)`` for a stream none of little_es's first events begins."""
     if isinstance(first, RunStarted | RunForked):
         return "run", first.run_id
     if isinstance(first, SessionStarted):

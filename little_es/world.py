@@ -59,6 +59,7 @@ from little_es.backends.base import (
     WORLD_APPLICATION_NAME,
     Backend,
     Lease,
+    SnapshotRows,
     StreamWatch,
     check_leases,
 )
@@ -830,22 +831,24 @@ class World:
         """Append rows framed elsewhere (:mod:`little_es.transfer`), as stored, in one transaction.
 
         The rows keep their ids, versions, timestamps and chain frames, and the
-        streams take ``heads``; the caller has verified every stream. Raises
-        :class:`ConcurrencyConflictError` (and appends nothing) when one of the
-        streams got a row meanwhile. ``snapshots`` (a cache of the fold) go in
-        after the rows. When the rows hold the world's own record, this world
-        becomes the world they recorded.
+        streams take ``heads``; the caller has verified every stream. ``snapshots``
+        (a cache of the fold) go in in the same transaction. Raises
+        :class:`ConcurrencyConflictError` (and writes nothing) when one of the
+        streams got a row, or a snapshot, meanwhile. When the rows hold the world's
+        own record, this world becomes the world they recorded.
         """
         if not stored:
             return
+        extra: dict[str, SnapshotRows] = {}
+        if snapshots and self.app.snapshots is not None:
+            extra["snapshots"] = SnapshotRows(self.app.snapshots.recorder, list(snapshots))
         try:
-            self.app.recorder.insert_events(list(stored), durable=True, heads=heads)
+            self.app.recorder.insert_events(list(stored), durable=True, heads=heads, **extra)
         except IntegrityError as exc:
             raise ConcurrencyConflictError(
-                "another writer appended to one of the imported streams first; nothing was imported"
+                "another writer appended to one of the imported streams, or stored a snapshot"
+                " of one, first; nothing was imported"
             ) from exc
-        if snapshots and self.app.snapshots is not None:
-            self.app.snapshots.recorder.insert_events(list(snapshots))
         if any(row.originator_id == world_stream_id() for row in stored):
             self._unrecorded = False
             self._legacy = self._open_record()
@@ -1383,6 +1386,17 @@ class World:
             completions.append((path, decode(run.id, version, topic, payload_of(data))))
         run.read_outputs(completions)
 
+    def decode_snapshot(self, stream_id: UUID, version: int, topic: str, data: bytes) -> Snapshot:
+        """One framed row of the snapshot store decoded and validated as a load reads it."""
+        event = self._mapper.decode_row(stream_id, version, topic, data)
+        if not isinstance(event, Snapshot):
+            raise EventPayloadError(
+                f"stream {stream_id}: the snapshot at version {version} holds a {topic!r}"
+                " event, not a snapshot; the snapshot was replaced or edited: restore the world"
+                " from a backup"
+            )
+        return event
+
     def _latest_snapshot(self, stream_id: UUID, checked: Verified) -> Snapshot | None:
         """The latest snapshot of a verified stream, checked to stand on it; None without one.
 
@@ -1396,8 +1410,7 @@ class World:
             return None
         row = found[0]
         version = row.originator_version
-        event = self._mapper.decode_row(stream_id, version, row.topic, row.state)
-        assert isinstance(event, Snapshot)
+        event = self.decode_snapshot(stream_id, version, row.topic, row.state)
         if version > len(checked.rows):
             # Taken after the rows were read (by a concurrent writer): fold from the events.
             return None

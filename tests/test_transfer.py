@@ -31,10 +31,12 @@ from typing import Any, ClassVar
 
 import orjson
 import pytest
+from eventsourcing.persistence import StoredEvent
 
 from little_es import (
     ArtifactIntegrityError,
     ArtifactNotFoundError,
+    EventPayloadError,
     ExportFormatError,
     ExportTruncatedError,
     ExportVersionError,
@@ -43,9 +45,20 @@ from little_es import (
     RunEvent,
     RunFailedError,
     export_world,
+    fork_run,
     import_world,
 )
-from little_es.chain import FRAME_SIZE, GENESIS, LINK_SIZE, feed, frame, row_digest, seed
+from little_es.chain import (
+    FRAME_SIZE,
+    GENESIS,
+    LINK_SIZE,
+    Head,
+    feed,
+    frame,
+    row_digest,
+    seed,
+    verify_stream,
+)
 from little_es.domain import Run
 from little_es.engine.local import run_workflow
 from little_es.events import StepCompleted, StepFailed, StepStarted
@@ -613,4 +626,185 @@ def test_a_users_own_events_move_with_the_cli_which_cannot_import_their_class(
     with local_world(target_dir) as target:
         assert [e.approver for e in target.read_run_log("r") if isinstance(e, Approved)] == ["ops"]
         assert replay_run(target, "r") == before
+        assert verify_world(target).ok
+
+
+# ------------------------------------------------- snapshots, forks, stream lines, header
+
+
+def _snapshotted_export(root: Path, monkeypatch: pytest.MonkeyPatch) -> bytes:
+    """A world whose run has snapshots (at 4 and 16 events), exported."""
+    monkeypatch.setitem(LittleApplication.snapshotting_intervals, Run, 4)
+    out = io.BytesIO()
+    with local_world(root) as world:
+        steps = [task(f"s{i}", _double) for i in range(8)]
+        run_workflow_sync(world, Workflow("long", steps=steps), {"n": 1}, run_id="run_long")
+        assert export_world(world, out).snapshots >= 2
+    return out.getvalue()
+
+
+def _payload(line: dict[str, Any]) -> bytes:
+    if "payload_b64" in line:
+        return base64.b64decode(line["payload_b64"])
+    return str(line["payload"]).encode()
+
+
+def _recounted(lines: list[dict[str, Any]]) -> bytes:
+    """Lines back into a file, the header's and trailer's counts made to match them."""
+    kinds = Counter(line["type"] for line in lines)
+    counts = {kind: kinds[kind[:-1]] for kind in ("streams", "events", "snapshots", "artifacts")}
+    lines[0]["counts"] = lines[-1]["counts"] = counts
+    return _join(lines)
+
+
+def test_a_snapshot_line_repeated_is_refused_by_its_line_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    export = _snapshotted_export(tmp_path / "a", monkeypatch)
+    lines = _lines(export)
+    first = next(i for i, line in enumerate(lines) if line["type"] == "snapshot")
+    # Once next to itself, once after the other snapshots: both are the same snapshot twice.
+    for at in (first + 1, len(lines) - 1):
+        spoiled = [*lines[:at], dict(lines[first]), *lines[at:]]
+        with local_world(tmp_path / "b") as target:
+            with pytest.raises(ExportFormatError, match=f"line {at + 1} .*second snapshot"):
+                import_world(target, io.BytesIO(_recounted(spoiled)))
+            assert not target.app.recorder.max_notification_id()
+    with local_world(tmp_path / "b") as target:
+        import_world(target, io.BytesIO(export))
+        assert verify_world(target).ok
+
+
+def test_an_import_writes_its_rows_and_snapshots_in_one_transaction(
+    world_factory: Callable[[], World], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every backend: the target already holds one of the exported snapshots (its store's
+    # own key refuses the import's), so the import's commit fails, and must leave nothing.
+    export = _snapshotted_export(tmp_path / "a", monkeypatch)
+    snapshot = next(line for line in _lines(export) if line["type"] == "snapshot")
+    target = world_factory()
+    assert target.app.snapshots is not None
+    target.app.snapshots.recorder.insert_events(
+        [
+            StoredEvent(
+                uuid.UUID(snapshot["stream_id"]),
+                snapshot["version"],
+                snapshot["topic"],
+                bytes.fromhex(snapshot["frame"]) + _payload(snapshot),
+            )
+        ]
+    )
+    with pytest.raises(ImportConflictError, match="nothing was imported"):
+        import_world(target, io.BytesIO(export))
+    assert not target.app.recorder.max_notification_id()
+    assert not target.recorded
+    assert target.backend.stream_head(run_stream_id("run_long")) is None
+    assert world_factory().backend.stream_heads() == {}
+
+
+def test_the_snapshots_imported_are_those_exported_on_every_backend(
+    world_factory: Callable[[], World], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    export = _snapshotted_export(tmp_path / "a", monkeypatch)
+    exported = [
+        (line["version"], bytes.fromhex(line["frame"]) + _payload(line))
+        for line in _lines(export)
+        if line["type"] == "snapshot"
+    ]
+    target = world_factory()
+    assert import_world(target, io.BytesIO(export)).snapshots == len(exported)
+    assert target.app.snapshots is not None
+    stored = target.app.snapshots.recorder.select_events(run_stream_id("run_long"))
+    assert [(s.originator_version, s.state) for s in stored] == exported
+    assert target.load_run("run_long").version == replay_run(target, "run_long").state.event_count
+
+
+def _reframed(line: dict[str, Any], topic: str, payload: bytes) -> None:
+    """Give a snapshot line another topic and payload, its frame made to match them."""
+    link = bytes.fromhex(line["frame"])[1 : 1 + LINK_SIZE]
+    data = frame(link, uuid.UUID(line["stream_id"]), line["version"], topic, payload)
+    line.pop("payload_b64", None)
+    line.update(frame=data[:FRAME_SIZE].hex(), topic=topic, payload=payload.decode())
+
+
+@pytest.mark.parametrize("case", ["not a snapshot's payload", "another event"])
+def test_a_snapshot_a_load_would_refuse_is_refused_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    lines = _lines(_snapshotted_export(tmp_path / "a", monkeypatch))
+    snapshot = next(line for line in lines if line["type"] == "snapshot")
+    if case == "another event":
+        started = next(line for line in lines if line.get("topic") == "RunStarted")
+        _reframed(snapshot, "RunStarted", started["payload"].encode())
+        words = "holds a 'RunStarted' event, not a snapshot"
+    else:
+        _reframed(snapshot, snapshot["topic"], b'{"not": "a snapshot"}')
+        words = "malformed payload"
+    with local_world(tmp_path / "b") as target:
+        with pytest.raises(EventPayloadError, match=words) as raised:
+            import_world(target, io.BytesIO(_join(lines)))
+        assert "the snapshot of stream" in str(raised.value)
+        assert not target.app.recorder.max_notification_id()
+
+
+@pytest.mark.parametrize("version", [0, -1])
+def test_a_stream_line_of_no_events_is_refused_by_its_line(
+    source: Source, tmp_path: Path, version: int
+) -> None:
+    lines = _lines(source.export)
+    empty = {**lines[1], "stream_id": str(uuid.uuid4()), "kind": "stream", "version": version}
+    empty["head"] = {**empty["head"], "version": version}
+    empty["name"] = empty["stream_id"]
+    spoiled = [lines[0], lines[1], empty, *lines[2:]]
+    with local_world(tmp_path / "t") as target:
+        with pytest.raises(ExportFormatError, match=f"line 3 .*declared with {version} events"):
+            import_world(target, io.BytesIO(_recounted(spoiled)))
+        assert not target.app.recorder.max_notification_id()
+
+
+def test_a_head_before_the_first_row_is_tampering() -> None:
+    stream = uuid.uuid4()
+    for version in (0, -1):
+        with pytest.raises(LogTamperedError, match=f"head at version {version}"):
+            verify_stream(stream, [], Head(version, bytes(16), seed(stream).digest()), legacy=False)
+
+
+def test_a_header_that_claims_another_log_format_is_refused(source: Source, tmp_path: Path) -> None:
+    # The header says the world predates the chain, and a run's rows lose their frames (its
+    # running digest recomputed): a world in log format 4, as its record says, refuses them.
+    lines = _lines(source.export)
+    lines[0]["log_format"] = 1
+    run = next(line for line in lines if line["type"] == "stream" and line["name"] == "run_done")
+    running = seed(uuid.UUID(run["stream_id"]))
+    for line in lines:
+        if line["type"] == "event" and line["stream_id"] == run["stream_id"]:
+            line["frame"] = None
+            feed(running, line["topic"], line["payload"].encode())
+    run["head"]["running"] = running.digest().hex()
+    with local_world(tmp_path / "t") as target:
+        with pytest.raises(ExportFormatError, match="header gives log format 1, but the expo"):
+            import_world(target, io.BytesIO(_join(lines)))
+        assert not target.app.recorder.max_notification_id()
+
+
+def test_a_fork_moves_as_a_run_with_its_snapshots(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(LittleApplication.snapshotting_intervals, Run, 4)
+    workflow = Workflow("long", steps=[task(f"s{i}", _double) for i in range(4)])
+    out = io.BytesIO()
+    with local_world(tmp_path / "a") as world:
+        run_workflow_sync(world, workflow, {"n": 1}, run_id="run_long")
+        fork_run(world, "run_long", at="s3", new_run_id="run_fork")
+        run_workflow_sync(world, workflow, None, run_id="run_fork")
+        export_world(world, out)
+        before = replay_run(world, "run_fork")
+    lines = _lines(out.getvalue())
+    fork = str(run_stream_id("run_fork"))
+    declared = next(line for line in lines if line.get("stream_id") == fork)
+    assert (declared["kind"], declared["name"]) == ("run", "run_fork")
+    assert any(line["type"] == "snapshot" and line["stream_id"] == fork for line in lines)
+    with local_world(tmp_path / "b") as target:
+        import_world(target, io.BytesIO(out.getvalue()))
+        assert replay_run(target, "run_fork") == before
         assert verify_world(target).ok

@@ -9,7 +9,9 @@
   (:attr:`~little_es.events.Event.write_ahead`), which need not wait for the
   disk; every other commit is as durable as the backend can make it. It may
   take ``watch=`` (a :class:`StreamWatch`) and answer it from the commit's own
-  transaction; a recorder that ignores it loses nothing but a saved query;
+  transaction; a recorder that ignores it loses nothing but a saved query. An
+  import gives it ``snapshots=`` (:class:`SnapshotRows`), to write in the same
+  transaction as the rows;
 * :meth:`Backend.select_rows` - one stream's raw rows, for the read path;
 * :meth:`Backend.stream_head` - a stream's last version and digest as written
   (:mod:`little_es.chain`), kept apart from its rows so a cut-off tail shows;
@@ -36,12 +38,18 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 from uuid import UUID
 
 import orjson
 from eventsourcing.application import Application
-from eventsourcing.persistence import PersistenceError, Tracking, TrackingRecorder
+from eventsourcing.persistence import (
+    AggregateRecorder,
+    PersistenceError,
+    StoredEvent,
+    Tracking,
+    TrackingRecorder,
+)
 from pydantic import BaseModel, ConfigDict
 
 from little_es.chain import Head
@@ -122,6 +130,19 @@ class StreamWatch:
     def unchanged_at(self) -> dict[UUID, int]:
         """The streams found unchanged, each with the version it was read past."""
         return {sid: self.versions[sid] for sid in self.unchanged}
+
+
+class SnapshotRows(NamedTuple):
+    """Snapshots for an ``insert_events`` to write in its rows' transaction (``snapshots=``).
+
+    An import (:meth:`~little_es.world.World.insert_imported`) moves a run's rows and
+    its snapshots together: written apart, a failure between them would leave the
+    rows in and the import neither done nor refused. ``recorder`` is the world's
+    snapshot store, which shares the rows' database (and, in memory, their process).
+    """
+
+    recorder: AggregateRecorder
+    rows: Sequence[StoredEvent]
 
 
 class Backend(ABC):

@@ -6,13 +6,19 @@ closed or the process exits. For tests.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
 from eventsourcing.persistence import ApplicationRecorder, StoredEvent, Tracking
-from eventsourcing.popo import POPOApplicationRecorder, POPOFactory, POPOTrackingRecorder
+from eventsourcing.popo import (
+    POPOAggregateRecorder,
+    POPOApplicationRecorder,
+    POPOFactory,
+    POPOTrackingRecorder,
+)
 from eventsourcing.utils import get_topic
 
 from little_es.backends.base import (
@@ -22,6 +28,7 @@ from little_es.backends.base import (
     RunLeases,
     RunSummary,
     RunsView,
+    SnapshotRows,
     StreamWatch,
     dump_state,
     load_state,
@@ -77,10 +84,21 @@ class LittlePOPOApplicationRecorder(POPOApplicationRecorder):
         *,
         heads: Mapping[UUID, Head] | None = None,
         watch: StreamWatch | None = None,
+        snapshots: SnapshotRows | None = None,
         **kwargs: Any,
     ) -> Sequence[int] | None:
-        with self._database_lock:
+        store, rows = snapshots if snapshots is not None else (None, ())
+        assert store is None or isinstance(store, POPOAggregateRecorder)
+        with (
+            self._database_lock,
+            contextlib.nullcontext() if store is None else store._database_lock,
+        ):
+            if store is not None:
+                # Refused before the rows go in: the rows and the snapshots, or neither.
+                store._assert_uniqueness(rows)
             ids = super()._insert_events(stored_events, **kwargs)
+            if store is not None:
+                store._update_table(rows)
             self.heads.update(heads or {})
             if watch is not None:
                 watch.found(

@@ -64,6 +64,7 @@ from eventsourcing_sqlalchemy.models import (  # type: ignore[attr-defined]
     StoredEventRecord,
 )
 from eventsourcing_sqlalchemy.recorders import (
+    SQLAlchemyAggregateRecorder,
     SQLAlchemyApplicationRecorder,
     SQLAlchemyProcessRecorder,
 )
@@ -85,6 +86,7 @@ from little_es.backends.base import (
     RunLeases,
     RunSummary,
     RunsView,
+    SnapshotRows,
     StreamWatch,
     dump_state,
     dump_summary,
@@ -386,8 +388,9 @@ class _InIdOrder(SQLAlchemyApplicationRecorder):
     Shared by the application and the process recorder of the factory (both
     write the events table). Every insert first locks the row of
     :data:`APPEND_LOCK_TABLE` (see the module), and moves the heads of its
-    streams (``HEADS_TABLE``) in the same transaction. ``durable`` is accepted
-    and changes nothing: InnoDB flushes every commit as the server is set to.
+    streams (``HEADS_TABLE``) and an import's ``snapshots`` in the same
+    transaction. ``durable`` is accepted and changes nothing: InnoDB flushes
+    every commit as the server is set to.
 
     On MariaDB 10.5 and later the rows go in as one ``INSERT ... RETURNING id``
     per 4 MiB instead of eventsourcing-sqlalchemy's ORM flush (measured: half a
@@ -422,6 +425,7 @@ class _InIdOrder(SQLAlchemyApplicationRecorder):
         heads: Mapping[UUID, Head] | None = None,
         durable: bool = True,
         watch: StreamWatch | None = None,
+        snapshots: SnapshotRows | None = None,
         **kwargs: Any,
     ) -> Sequence[int]:
         # A watch stays unanswered: reading it here would cost the round trip the check's
@@ -444,6 +448,10 @@ class _InIdOrder(SQLAlchemyApplicationRecorder):
                     for sid, h in heads.items()
                 ],
             )
+        if snapshots is not None:
+            store = snapshots.recorder
+            assert isinstance(store, SQLAlchemyAggregateRecorder)
+            store._insert_stored_events(session, snapshots.rows)
         return ids
 
     def _returns_ids(self, session: Session) -> bool:

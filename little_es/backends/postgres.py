@@ -31,7 +31,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 from uuid import UUID
 
@@ -48,6 +48,7 @@ from eventsourcing.persistence import (
     Tracking,
 )
 from eventsourcing.postgres import (
+    PostgresAggregateRecorder,
     PostgresApplicationRecorder,
     PostgresDatastore,
     PostgresFactory,
@@ -77,6 +78,7 @@ from little_es.backends.base import (
     RunLeases,
     RunSummary,
     RunsView,
+    SnapshotRows,
     StreamWatch,
     dump_state,
     dump_summary,
@@ -527,6 +529,9 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
         shared appends lock a reader of notifications (the runs projection)
         could pass over rows that commit later with lower ids. Here the
         function runs in a transaction of its own with all three.
+
+        An import's ``snapshots`` go in in the rows' transaction: the one statement
+        then runs in a transaction of its own rather than in autocommit.
         """
         ids: Sequence[int] | None
         if stored_events and not self.datastore.enable_db_functions:
@@ -549,6 +554,7 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
         durable: bool = True,
         heads: Mapping[UUID, Head] | None = None,
         watch: StreamWatch | None = None,
+        snapshots: SnapshotRows | None = None,
         **_: Any,
     ) -> Sequence[int]:
         watched = list(watch.versions.items()) if watch is not None else []
@@ -583,9 +589,12 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
                 0 if not heads else 1 if len(heads) == 1 else 2,
                 min(len(watched), 2),
             )
-            # Autocommit: the statement is its own transaction.
-            curs.execute(statement, params, prepare=True)
-            rows = curs.fetchall()
+            # Autocommit: the statement is its own transaction, unless snapshots go with it.
+            with nullcontext() if snapshots is None else conn.transaction():
+                curs.execute(statement, params, prepare=True)
+                rows = curs.fetchall()
+                if snapshots is not None:
+                    self._insert_snapshots(conn, snapshots)
         if watch is not None:
             # One stream: whether it changed; several: the positions of those that did.
             changed = rows[0][1]
@@ -677,7 +686,11 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
 
     @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
     def _insert_through_function(
-        self, stored_events: Sequence[StoredEvent], **kwargs: Any
+        self,
+        stored_events: Sequence[StoredEvent],
+        *,
+        snapshots: SnapshotRows | None = None,
+        **kwargs: Any,
     ) -> Sequence[int]:
         # As eventsourcing's own insert is retried: a dropped connection is tried again.
         rows = [
@@ -696,7 +709,17 @@ class LittlePostgresApplicationRecorder(PostgresApplicationRecorder):
             curs.execute(self.sql_invoke_pg_function_insert_events, (rows,), prepare=True)
             ids = [r[self.pg_function_name_insert_events] for r in curs.fetchall()]
             self._upsert_heads(curs, kwargs.get("heads"))
+            if snapshots is not None:
+                self._insert_snapshots(conn, snapshots)
         return ids
+
+    @staticmethod
+    def _insert_snapshots(conn: psycopg.Connection[DictRow], snapshots: SnapshotRows) -> None:
+        """Insert an import's snapshots in the transaction ``conn`` is in."""
+        store = snapshots.recorder
+        assert isinstance(store, PostgresAggregateRecorder)
+        with conn.cursor() as curs:
+            store._insert_stored_events(curs, snapshots.rows)
 
     @staticmethod
     def _heads_params(heads: Mapping[UUID, Head]) -> list[list[Any]]:

@@ -52,6 +52,7 @@ from eventsourcing.persistence import (
 )
 from eventsourcing.sqlite import (
     SQLITE3_DEFAULT_LOCK_TIMEOUT,
+    SQLiteAggregateRecorder,
     SQLiteApplicationRecorder,
     SQLiteConnection,
     SQLiteConnectionPool,
@@ -80,6 +81,7 @@ from little_es.backends.base import (
     RunLeases,
     RunSummary,
     RunsView,
+    SnapshotRows,
     StreamWatch,
     dump_state,
     dump_summary,
@@ -511,11 +513,16 @@ class LittleSQLiteApplicationRecorder(SQLiteApplicationRecorder):
         stored_events: Sequence[StoredEvent],
         *,
         heads: Mapping[UUID, Head] | None = None,
+        snapshots: SnapshotRows | None = None,
         **kwargs: Any,
     ) -> Sequence[int] | None:
         ids = self._insert_rows(c, stored_events, **kwargs)
         if heads:
             c.executemany(_UPSERT_HEAD, [(sid.hex, *head) for sid, head in heads.items()])
+        if snapshots is not None:
+            store = snapshots.recorder
+            assert isinstance(store, SQLiteAggregateRecorder)
+            store._insert_events(c, snapshots.rows)
         return ids
 
     def _insert_rows(
