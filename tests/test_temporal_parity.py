@@ -9,6 +9,8 @@ start-dev``: each case runs once locally and once on Temporal, in worlds of thei
 * an outer loop whose cycle run waits for a signal stops with ``RunWaitingError`` on
   both, where ``TemporalEngine`` used to wait for the workflow for ever; signalled, the
   loop resumes and ends;
+* a step whose code raises ``asyncio.CancelledError`` (nothing cancelled it) stops its
+  run with the step in flight on both, where Temporal retried it for ever;
 * a parallel group's ``retry`` is its ``branches(ctx)``'s, as a step's is its code's (it
   was accepted and never applied), and a failed run resumed that fails again in a
   group's ``branches(ctx)`` records that failure as the run's.
@@ -75,6 +77,13 @@ LOOPING = Workflow(
 WAITING = Workflow("waiting", steps=[task("a", _one), wait_for("w", model=Go)])
 PARENT = Workflow("parent", steps=[subworkflow("s", LOOPING)])
 
+
+async def _cancels_itself(ctx: Any) -> str:
+    raise asyncio.CancelledError
+
+
+SELF_CANCELLING = Workflow("self_cancelling", steps=[task("a", _cancels_itself), task("b", _one)])
+
 _FLAKY = {"branches": 0, "fail_branches": 1, "fail_branch": False}
 
 
@@ -131,7 +140,7 @@ async def _engine(client: Client, world: World, name: str) -> AsyncIterator[Any]
         yield {}
         return
     queue = f"q-{uuid.uuid4().hex[:12]}"
-    workflows = [PLANNER.workflow, LOOPING, WAITING, PARENT, GROUPED]
+    workflows = [PLANNER.workflow, LOOPING, WAITING, PARENT, GROUPED, SELF_CANCELLING]
     async with create_worker(client, world, workflows=workflows, task_queue=queue):
         yield {"engine": TemporalEngine(client, task_queue=queue), "queue": queue}
     await asyncio.sleep(0.2)
@@ -254,3 +263,23 @@ async def test_a_groups_retry_is_its_branches_and_a_new_failure_there_is_the_run
             state = replay_run(world, "run_refailed").state
             assert state.status == "failed" and state.failed_step_path == "p"
             assert state.error is not None and state.error.type == "ConnectionError"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_step_raising_cancelled_error_stops_its_run_with_the_step_in_flight(
+    client: Client, tmp_path: Path, engine: str
+) -> None:
+    with local_world(tmp_path / "world") as world:
+        async with _engine(client, world, engine) as kw:
+            if engine == "local":
+                with pytest.raises(asyncio.CancelledError):
+                    await _drive(client, world, kw, SELF_CANCELLING, "run_self_cancel")
+            else:
+                with pytest.raises(WorkflowFailureError) as failure:
+                    await asyncio.wait_for(
+                        _drive(client, world, kw, SELF_CANCELLING, "run_self_cancel"), 60
+                    )
+                assert "raised asyncio.CancelledError" in str(failure.value.cause.cause)  # type: ignore[union-attr]
+        state = replay_run(world, "run_self_cancel").state
+        assert list(state.steps) == ["a"] and state.steps["a"].status == "running"
+        assert state.steps["a"].attempts == 1

@@ -174,6 +174,17 @@ async def run_step_durably(
     try:
         return await asyncio.shield(work)
     except asyncio.CancelledError:
+        if work.done() and not activity.is_cancelled():
+            # The step's own code raised it, nobody cancelled the activity: locally it
+            # reaches the caller with the step in flight; retried here, it would be for
+            # ever. The run stops instead, the step in flight, nothing recorded.
+            raise ApplicationError(
+                f"step {step_input.step_path!r} of run {step_input.run_id!r} raised"
+                " asyncio.CancelledError though nothing cancelled it: the step stays in"
+                " flight; fix the step, then start the workflow again with the same run id",
+                type="CancelledError",
+                non_retryable=True,
+            ) from None
         cancelled = not work.done() and _cancelled_in_log(activities, step_input.run_id)
         if not cancelled:
             # A worker shutting down, a lost attempt: stop now, as before.
