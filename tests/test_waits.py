@@ -39,6 +39,7 @@ from little_es import (
 from little_es.cli import app
 from little_es.engine.local import run_workflow
 from little_es.events import (
+    RunFailed,
     RunWaiting,
     SignalReceived,
     StepFailed,
@@ -635,3 +636,37 @@ def test_a_sub_run_whose_wait_timed_out_is_its_parent_steps_failure(world: World
     assert f"run {sub_run!r} stopped at step 'go': its wait for signal" in error.message
     state = replay_run(world, "run_parent_w").state
     assert state.status == "failed" and state.steps["sub"].status == "failed"
+
+
+def _check(ctx: StepContext) -> str:
+    if ctx.input["key"] == "bad":
+        raise ValueError("bad branch")
+    return "checked"
+
+
+@pytest.mark.parametrize("keys", [["ok", "bad"], ["bad", "ok"]])
+def test_a_branch_out_of_retries_fails_the_run_though_another_waits(
+    world: World, keys: list[str]
+) -> None:
+    # A group with one branch waiting and one failed for good fails the run, in either
+    # key order: taken for a waiting run, a resume after the signal ran the failed
+    # branch again, unasked.
+    child = Workflow(
+        "checked_gate",
+        steps=[task("check", _check), wait_for("gate", model=Decision)],
+    )
+    wf = Workflow(
+        "gated_group",
+        steps=[
+            parallel(
+                "g",
+                branches=lambda ctx: {k: k for k in keys},
+                step=subworkflow("each", child, input=lambda ctx: {"key": ctx.branch_value}),
+            )
+        ],
+    )
+    with pytest.raises(RunFailedError, match="g\\[bad\\]/each"):
+        _run(world, wf, "run_gated_group")
+    state = replay_run(world, "run_gated_group").state
+    assert state.status == "failed" and state.failed_step_path == "g[bad]/each"
+    assert sum(isinstance(e, RunFailed) for e in _events(world, "run_gated_group")) == 1

@@ -342,7 +342,11 @@ class _Scheduler:
             return await self._step(inner, branch_path(group.ir, key, visit), 1, branch_set[key])
 
         outputs = await gather_branches(
-            plan.keys, group.max_concurrency, branch, stops_all=_is_refusal
+            plan.keys,
+            group.max_concurrency,
+            branch,
+            stops_all=_is_refusal,
+            first=lambda error: isinstance(error, _RetriesExhaustedError),
         )
         done = await self.executor.complete_group(group, path, visit, outputs, hold=True)
         return done.output(self.world)

@@ -120,16 +120,19 @@ async def gather_branches(
     run: Callable[[str], Awaitable[T]],
     *,
     stops_all: Callable[[BaseException], bool] = lambda error: False,
+    first: Callable[[BaseException], bool] = lambda error: False,
 ) -> list[T]:
     """``run(key)`` for each branch key, at most ``max_concurrency`` at once (None: all).
 
     Every branch is awaited to its end before the first error is raised, so no
     branch is left running behind the group's failure; the other branches' results
-    are committed meanwhile. Except for an error that ``stops_all`` (a refusal: the
-    engine must stop before it appends or executes anything more): the other
-    branches are cancelled at once (those waiting for their turn never start, a
-    running one is left with its call in flight, as a kill leaves it), awaited, and
-    that error is raised.
+    are committed meanwhile. The first error in key order is raised, or the first
+    that ``first`` prefers (a branch out of retries, over another's stop: the run
+    must record that failure, or a resume would run the branch again). Except for
+    an error that ``stops_all`` (a refusal: the engine must stop before it appends
+    or executes anything more): the other branches are cancelled at once (those
+    waiting for their turn never start, a running one is left with its call in
+    flight, as a kill leaves it), awaited, and that error is raised.
     """
     limit = asyncio.Semaphore(max_concurrency or max(len(keys), 1))
     tasks: list[asyncio.Future[T]] = []
@@ -154,9 +157,7 @@ async def gather_branches(
     results = await asyncio.gather(*tasks, return_exceptions=True)
     if stopping:
         raise stopping[0]
-    done: list[T] = []
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-        done.append(result)
-    return done
+    errors = [result for result in results if isinstance(result, BaseException)]
+    if errors:
+        raise next((error for error in errors if first(error)), errors[0])
+    return list(results)  # type: ignore[arg-type]
