@@ -52,7 +52,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from little_es.engine.executor import HostedRun, StepGuard
+from little_es.durability import RunRecorder
+from little_es.engine.executor import HostedRun, StepGuard, failed_run_error
 from little_es.errors import (
     OrchestratorContextError,
     RunFailedError,
@@ -192,6 +193,16 @@ class _StartWorkflowTool(Tool):
         await executor.reserve_sub_run(
             ctx.step_path, sub_run_id=sub_run_id, workflow_id=workflow.id, call_id=ctx.call_id
         )
+        recorded = RunRecorder.load(executor.world, sub_run_id)
+        if recorded is not None and recorded.fold.status == "failed":
+            # The call's outcome is in the sub-run's log already: the process died before
+            # the call's failure was recorded. Answered from the log as a completed sub-run
+            # is; run again, its failed step would get a fresh attempt. (A retried agent
+            # step has a session, and so sub-run ids, of its own.)
+            failed = failed_run_error(sub_run_id, recorded.fold)
+            if isinstance(failed, RunFailedError):
+                raise SubRunFailedError(sub_run_id, failed.step_path, failed.error) from failed
+            raise failed
         request_run = HostedRun(
             sub_run_id,
             workflow,

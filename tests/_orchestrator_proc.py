@@ -12,12 +12,14 @@ Each sub-run is the ``work`` workflow: task ``fetch`` then task ``compute``, out
 ``LEDGER`` (tagged with ``LABEL``), so a test can count executions across a killed
 process and the one that resumed it. On success the run's output and counts are
 printed as one JSON line. Set ``LITTLE_ES_CRASH_AFTER_*`` (see :mod:`little_es.faults`)
-to have the process SIGKILLed mid-run.
+to have the process SIGKILLed mid-run, and ``ORCHESTRATOR_FAIL_N=i`` to have sub-run
+``i``'s ``compute`` fail for good.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -69,12 +71,24 @@ def _work(ledger: _Ledger) -> Workflow:
         await asyncio.sleep(0.002)
         return {"value": 10 * int(ctx.input["n"])}
 
+    failing = int(os.environ.get("ORCHESTRATOR_FAIL_N", "0"))
+
     async def compute(ctx: StepContext) -> int:
         ledger.write(kind="step", run_id=ctx.run_id, step=ctx.step_path)
         await asyncio.sleep(0.002)
+        if int(ctx.input["n"]) == failing:
+            raise ValueError(f"sub-run {failing} fails for good")
         return int(ctx.outputs["fetch"]["value"]) + 1
 
     return Workflow("work", version="1", steps=[task("fetch", fetch), task("compute", compute)])
+
+
+def _result(content: str | None) -> Any:
+    # A failed call's result is its error's text, not JSON.
+    try:
+        return orjson.loads(content or "null")
+    except orjson.JSONDecodeError:
+        return content
 
 
 def _report(ctx: StepContext) -> dict[str, Any]:
@@ -95,7 +109,7 @@ def _orchestrate(ledger: _Ledger, n: int, concurrency: int) -> Workflow:
                 for i in range(1, n + 1)
             )
             return ScriptedReply(tool_calls=calls, usage=Usage(input_tokens=100, output_tokens=n))
-        results = [orjson.loads(m.content or "null") for m in request.messages if m.role == "tool"]
+        results = [_result(m.content) for m in request.messages if m.role == "tool"]
         ok = [r for r in results if isinstance(r, dict) and r.get("status") == "completed"]
         total = sum(int(r["output"]) for r in ok)
         return ScriptedReply(

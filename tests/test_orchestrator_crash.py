@@ -33,7 +33,7 @@ from typing import Any
 import orjson
 import pytest
 
-from little_es.events import SubRunReserved, ToolCallStarted, ToolCallSucceeded
+from little_es.events import SubRunReserved, ToolCallFailed, ToolCallStarted, ToolCallSucceeded
 from little_es.ids import run_stream_id, session_stream_id
 from little_es.orchestrator import sub_run_id_for_call
 from little_es.projections import list_runs
@@ -265,3 +265,35 @@ def test_sub_run_completed_before_its_result_was_recorded_is_not_run_again(
     assert not [e for e in entries if e["label"] == "resume" and e.get("run_id") == target]
     assert final.versions[target] == crash.versions[target]
     assert final.succeeded["c005"] == {"sub_run_id": target, "status": "completed", "output": 51}
+
+
+def test_sub_run_failed_before_its_failure_was_recorded_is_not_run_again(
+    tmp_path: Path,
+) -> None:
+    # Its failure is read from its log, as a completed sub-run's result is: run again, its
+    # failed step would get a fresh attempt, and the model another answer than it had.
+    world = tmp_path / "world"
+    ledger = tmp_path / "ledger"
+    n = 6
+    target = _sub_run_id(3)
+    first = _child(
+        world,
+        ledger,
+        "first",
+        n,
+        2,
+        ORCHESTRATOR_FAIL_N="3",
+        LITTLE_ES_CRASH_AFTER_EVENT=f"RunFailed:originator_id={run_stream_id(target)}",
+    )
+    assert first.returncode == -signal.SIGKILL, (first.returncode, first.stderr)
+    assert _read_log(world).run_status[target] == "failed"
+
+    env = {"ORCHESTRATOR_FAIL_N": "0"}  # fixed meanwhile: still not run again
+    outcome = _outcome(_child(world, ledger, "resume", n, 2, **env))
+    assert outcome["output"]["answer"].endswith(f"ok={n - 1} failed=1")
+    entries = _ledger(ledger)
+    ran = Counter(e["run_id"] for e in entries if e["kind"] == "step")
+    assert ran[target] == 2  # its fetch and its compute, once each, before the crash
+    with local_world(world) as w:
+        failed = [e for e in w.read_stream(SESSION_ID) if isinstance(e, ToolCallFailed)]
+    assert [(e.call_id, e.error.type) for e in failed] == [("c003", "SubRunFailedError")]
