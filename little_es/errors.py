@@ -512,18 +512,37 @@ class RunWaitingError(RunStoppedError):
     Not a failure: the waiting step (or tool call) stays in flight, and the
     process may exit. Send the signal (``world.signal``, ``little signal``) and
     resume the run: it continues from the wait with the signal's data.
-    ``waits`` holds ``(signal, step_path, wait_id)`` of each wait.
+    ``waits`` holds ``(signal, step_path, wait_id)`` of each wait, and
+    ``wait_run_ids`` the run each is a wait of: ``run_id``, or a sub-run's (an
+    orchestrator's sub-runs, or a parallel group's, may wait at once).
     """
 
-    def __init__(self, run_id: str, waits: tuple[tuple[str, str, str], ...]) -> None:
+    def __init__(
+        self,
+        run_id: str,
+        waits: tuple[tuple[str, str, str], ...],
+        wait_run_ids: tuple[str, ...] | None = None,
+    ) -> None:
         self.waits = waits
-        what = ", ".join(f"signal {s!r} at step {p!r}" for s, p, _ in waits)
-        first = waits[0][0] if waits else "NAME"
+        self.wait_run_ids = wait_run_ids if wait_run_ids is not None else (run_id,) * len(waits)
+        by_run: dict[str, list[tuple[str, str, str]]] = {}
+        for owner, wait in zip(self.wait_run_ids, waits, strict=True):
+            by_run.setdefault(owner, []).append(wait)
+        if not by_run:
+            by_run[run_id] = []
+        what = "; ".join(
+            f"run {owner!r} waits for "
+            + (", ".join(f"signal {s!r} at step {p!r}" for s, p, _ in found) or "a signal")
+            for owner, found in by_run.items()
+        )
+        send = ", ".join(
+            f"`little signal {owner} {found[0][0] if found else 'NAME'} --data JSON`"
+            for owner, found in by_run.items()
+        )
         super().__init__(
             run_id,
-            f"run {run_id!r} waits for {what}: send it with `little signal {run_id} {first}"
-            f" --data JSON` (or world.signal(...)), then resume the run; nothing was recorded"
-            " as a failure",
+            f"{what}: send {'it' if len(waits) <= 1 else 'each'} with {send} (or"
+            " world.signal(...)), then resume the run; nothing was recorded as a failure",
         )
 
 

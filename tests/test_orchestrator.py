@@ -13,10 +13,11 @@ from typing import Any
 
 import orjson
 import pytest
+from pydantic import BaseModel
 from rich.console import Console
 
 from little_es.engine.local import run_workflow
-from little_es.errors import ToolError
+from little_es.errors import RunWaitingError, ToolError
 from little_es.events import (
     RunStarted,
     SubRunReserved,
@@ -39,7 +40,7 @@ from little_es.pricing import register_model_price, unregister_model_price
 from little_es.render import render_sub_runs, render_tree
 from little_es.replay import replay_run
 from little_es.values import JSONValue, ModelRequest, ToolCall, Usage
-from little_es.workflow.authoring import Workflow, agent, task
+from little_es.workflow.authoring import Workflow, agent, task, wait_for
 from little_es.workflow.context import StepContext
 from little_es.workflow.ir import RetryPolicy
 from little_es.world import World
@@ -503,3 +504,47 @@ async def test_the_run_result_state_is_replays_for_an_orchestrator_and_its_sub_r
         assert sub.state.usage.input_tokens == 300
     again = await run_workflow(world, workflow, run_id=RUN_ID)
     assert again.state == result.state
+
+
+class _Gate(BaseModel):
+    ok: bool
+
+
+def test_sub_runs_waiting_at_once_are_each_named_with_their_own_run(world: World) -> None:
+    gated = Workflow("gated", steps=[wait_for("gate", model=_Gate)])
+
+    def respond(request: ModelRequest) -> ScriptedReply:
+        if not any(m.role == "assistant" for m in request.messages):
+            calls = tuple(
+                ToolCall(id=f"c{i}", name="start_workflow", arguments={"workflow_id": "gated"})
+                for i in range(2)
+            )
+            return ScriptedReply(tool_calls=calls)
+        return ScriptedReply(content="both answered")
+
+    orchestrator = Workflow(
+        "gate_keeper",
+        steps=[
+            agent(
+                "fan",
+                model=ScriptedModel(respond=respond),
+                prompt="open both",
+                tools=[start_workflow_tool([gated])],
+            )
+        ],
+    )
+    with pytest.raises(RunWaitingError) as waiting:
+        asyncio.run(run_workflow(world, orchestrator, {}, run_id="run_gates"))
+    subs = [
+        sub_run_id_for_call("run_gates", str(session_stream_id("run_gates", "fan", 1)), c)
+        for c in ("c0", "c1")
+    ]
+    assert sorted(waiting.value.wait_run_ids) == sorted(subs)
+    for sub in subs:
+        assert f"run {sub!r} waits for signal 'gate'" in str(waiting.value)
+        assert f"`little signal {sub} gate --data JSON`" in str(waiting.value)
+    # What the error names is what to signal: each run once.
+    for owner, (signal, _, _) in zip(waiting.value.wait_run_ids, waiting.value.waits, strict=True):
+        world.signal(owner, signal, {"ok": True})
+    result = asyncio.run(run_workflow(world, orchestrator, run_id="run_gates"))
+    assert result.output == "both answered"

@@ -130,10 +130,12 @@ def _drive(
     except RunWaitingError as exc:
         # Waits for a signal: the process exits cleanly, the run goes on after the signal.
         console.print(f"[yellow]waiting[/]: {escape(str(exc))}")
-        fold = world.load_run(exc.run_id).fold
-        for wait in fold.waits.values():
-            if wait.status == "waiting":
-                console.print(f"  {escape(signal_command_text(exc.run_id, wait))}", soft_wrap=True)
+        for owner in dict.fromkeys(exc.wait_run_ids or (exc.run_id,)):
+            fold = world.load_run(owner).fold
+            for wait in fold.waits.values():
+                if wait.status == "waiting":
+                    command = signal_command_text(owner, wait)
+                    console.print(f"  {escape(command)}", soft_wrap=True)
         raise typer.Exit(WAITING_EXIT_CODE) from None
     except RunStoppedError as exc:
         # Stopped on purpose (cancelled, out of budget): resumable, not a failure.

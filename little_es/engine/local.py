@@ -455,12 +455,22 @@ async def run_workflow(
             raise
         except RunWaitingError as exc:
             log.info("run waiting", reason=str(exc))
-            every = waiting_error(run_id, scheduler.writer.read())
-            if not every.waits:
+            mine = waiting_error(run_id, scheduler.writer.read())
+            if not mine.waits:
                 # A sub-run driven in this process waits (its own log says for what).
                 raise
-            # Branches (or a batch of tool calls) may wait at once: name every open wait.
-            raise every from exc
+            # Branches (or a batch of tool calls) may wait at once: name every open wait,
+            # this run's and its sub-runs'.
+            others = [
+                (owner, wait)
+                for owner, wait in zip(exc.wait_run_ids, exc.waits, strict=True)
+                if owner != run_id
+            ]
+            raise RunWaitingError(
+                run_id,
+                mine.waits + tuple(wait for _, wait in others),
+                mine.wait_run_ids + tuple(owner for owner, _ in others),
+            ) from exc
         except RunStoppedError as exc:
             log.info("run stopped", reason=str(exc))
             raise

@@ -710,8 +710,10 @@ def _merged(stops: Sequence[RunWaitingError | WaitTimedOutError]) -> RunStoppedE
     for stop in stops:
         if isinstance(stop, WaitTimedOutError):
             return stop
-    waits = tuple(w for stop in stops if isinstance(stop, RunWaitingError) for w in stop.waits)
-    return RunWaitingError(stops[0].run_id, waits)
+    waiting = [stop for stop in stops if isinstance(stop, RunWaitingError)]
+    waits = tuple(w for stop in waiting for w in stop.waits)
+    owners = tuple(owner for stop in waiting for owner in stop.wait_run_ids)
+    return RunWaitingError(stops[0].run_id, waits, owners)
 
 
 def _sum_usage(usages: Sequence[Usage]) -> Usage:
