@@ -478,6 +478,12 @@ def _wait_for_signal(
                 f"run {run_id!r}: the wait for signal {name!r} at step"
                 f" {timed_out[-1].step_path!r} timed out; it takes no signal"
             )
+        if wait_id is not None and any(w.status == "waiting" for w in waits.values()):
+            ids = sorted(w.wait_id for w in waits.values() if w.status == "waiting")
+            raise NoSuchWaitError(
+                f"run {run_id!r} has no open wait {wait_id!r} for signal {name!r}; its open"
+                f" waits are {', '.join(map(repr, ids))}: `little runs --waiting` lists them"
+            )
         waiting = sorted({w.signal for w in waits.values() if w.status == "waiting"})
         raise NoSuchWaitError(
             f"run {run_id!r} (status {status}) does not wait for signal {name!r}"
@@ -1026,6 +1032,8 @@ class World:
         for label, value in (("digest", digest), ("signal_id", signal_id), ("sent_by", sent_by)):
             if value is not None and (not isinstance(value, str) or not value):
                 raise SignalError(f"{label} must be a non-empty string or None, got {value!r}")
+        if digest is not None:
+            digest = digest.lower()  # as sha256 digests are written, whoever copied it
         if digest is not None and (len(digest) < 12 or not _HEX.fullmatch(digest)):
             raise StaleApprovalError(
                 f"digest {digest!r} is not a digest: give the action digest the run waits for"

@@ -375,7 +375,10 @@ def test_an_approval_is_bound_to_the_digest_of_what_it_approves(world: World) ->
     assert len(_events(world, "run_p")) == before
     # Declined: the tool never runs, the model is told, and the agent goes on.
     digest = action_digest("deploy", {"env": "prod"})
-    world.signal("run_p", "approval", {"approved": False, "comment": "freeze"}, digest=digest)
+    # Hex digits in either case: a digest copied in upper case is the same digest.
+    world.signal(
+        "run_p", "approval", {"approved": False, "comment": "freeze"}, digest=digest.upper()
+    )
     result = _run(world, wf, "run_p")
     assert result.output == "gave up" and deployed == []
     (failed,) = [e for e in _events(world, "run_p") if isinstance(e, ToolCallFailed)]
@@ -490,6 +493,8 @@ def test_parallel_branches_wait_each_for_its_own_signal(world: World) -> None:
     assert sorted(w[1] for w in stopped.value.waits) == ["ask[a]/one", "ask[b]/one"]
     with pytest.raises(SignalError, match="at 2 places"):
         world.signal("run_fan", "human", {"answer": "x"})
+    with pytest.raises(NoSuchWaitError, match="no open wait 'zzz' for signal 'human'; its open"):
+        world.signal("run_fan", "human", {"answer": "x"}, wait_id="zzz")
     world.signal("run_fan", "human", {"answer": "for a"}, wait_id="ask[a]/one#1:q")
     assert replay_run(world, "run_fan").state.status == "waiting"  # b still waits
     with pytest.raises(RunWaitingError) as again:
