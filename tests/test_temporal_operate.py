@@ -240,7 +240,7 @@ async def test_a_cancel_on_temporal_stops_the_sub_run_after_its_step_in_flight(
     )
 
 
-async def test_a_budget_over_a_sub_run_on_temporal_records_no_failure_in_the_parent(
+async def test_a_budget_over_a_sub_run_on_temporal_stops_the_parent_as_locally_with_no_failure(
     client: Client, tmp_path: Path, ledger: Path
 ) -> None:
     queue = f"q-{uuid.uuid4().hex[:12]}"
@@ -262,6 +262,8 @@ async def test_a_budget_over_a_sub_run_on_temporal_records_no_failure_in_the_par
             assert replay_run(world, sub_id).state.status == "budget_exceeded"
             parent = replay_run(world, "run_t_tree").state
             assert parent.steps["sub"].status == "running"  # in flight, not failed
+            # The stop is the parent's own outcome too, as locally.
+            assert parent.status == "budget_exceeded" and parent.stopped_step_path == "sub"
             assert not any(
                 isinstance(e, StepFailed | RunFailed) for e in _run_events(world, "run_t_tree")
             )

@@ -48,11 +48,13 @@ from little_es.engine.executor import (
     timed_out_error,
 )
 from little_es.errors import (
+    BudgetExceededError,
     ConcurrencyConflictError,
     RunCancelledError,
     StepSuspendedError,
     SubRunTimedOutError,
 )
+from little_es.events import BudgetExceeded
 from little_es.ids import validate_run_id
 from little_es.logging import get_logger
 from little_es.materialize import RunFold, StepFold
@@ -231,12 +233,34 @@ class TemporalSubRunHost(SubRunHost):
                 raise failed_run_error(request.run_id, fold)
             if fold is not None and fold.status == "timed_out":
                 raise SubRunTimedOutError(timed_out_error(request.run_id, fold))
+            if fold is not None and fold.status == "budget_exceeded":
+                # As run_workflow raises it to the parent's step locally: the parent then
+                # records the stop as its own outcome. (Not hosted just now, the child is
+                # hosted again instead, and resumes under the budget as it is.)
+                raise self._budget_stop(request.run_id)
             raise TemporalAdapterError(
                 f"sub-run {request.run_id!r}: its child workflow ended but its log shows it"
                 f" {fold.status if fold is not None else 'not started'}: see that workflow's"
                 " failure in Temporal"
             )
         raise StepSuspendedError((request,))
+
+    def _budget_stop(self, run_id: str) -> BudgetExceededError:
+        stops = [
+            e for e in self.activities.world.read_run_log(run_id) if isinstance(e, BudgetExceeded)
+        ]
+        if not stops:
+            raise TemporalAdapterError(
+                f"sub-run {run_id!r} is out of budget but its log holds no BudgetExceeded"
+            )
+        stop = stops[-1]
+        return BudgetExceededError(
+            run_id,
+            scope=stop.scope,
+            spent=stop.spent,
+            step_path=stop.step_path,
+            unpriced_calls=stop.unpriced_calls,
+        )
 
     def start(self, request: HostedRun) -> SubRunStart:
         """The child workflow to start for ``request``."""

@@ -81,6 +81,7 @@ with workflow.unsafe.imports_passed_through():
 
 __all__ = [
     "BRANCH_REFUSAL_PATCH",
+    "BUDGET_SUB_RUN_PATCH",
     "SUBWORKFLOW_PATCH",
     "SUB_RUNS_PATCH",
     "SUB_RUN_LIMIT_PATCH",
@@ -135,6 +136,10 @@ SUB_RUN_LIMIT_PATCH = "little_es.sub-run-max-concurrency"
 TIMED_OUT_SUB_RUN_PATCH = "little_es.timed-out-sub-run-fails-its-step"
 """The patch id of a hosted child whose wait timed out, left to its step to fail on (asked
 only then, as :data:`BRANCH_REFUSAL_PATCH` is)."""
+
+BUDGET_SUB_RUN_PATCH = "little_es.sub-run-budget-stops-its-parent"
+"""The patch id of a hosted child that ran out of budget, left to its step to stop on, so
+the parent records ``BudgetExceeded`` as locally (asked only then)."""
 
 BRANCH_REFUSAL_PATCH = "little_es.refusal-cancels-branches"
 """The patch id of a parallel group whose other branches are cancelled when one refuses.
@@ -376,6 +381,12 @@ class LittleRunWorkflow:
                     ):
                         # Every resume of the child stops so: the step, run again, reads
                         # the timeout from its log as its failure (SubRunTimedOutError).
+                        return
+                    if refused.type == "BudgetExceededError" and workflow.patched(
+                        BUDGET_SUB_RUN_PATCH
+                    ):
+                        # The step, run again, reads the stop from the child's log and
+                        # records it as the parent's own outcome, as locally.
                         return
                     raise ApplicationError(
                         refused.message, REFUSED_MARKER, type=refused.type, non_retryable=True
