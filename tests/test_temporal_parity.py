@@ -283,3 +283,35 @@ async def test_a_step_raising_cancelled_error_stops_its_run_with_the_step_in_fli
         state = replay_run(world, "run_self_cancel").state
         assert list(state.steps) == ["a"] and state.steps["a"].status == "running"
         assert state.steps["a"].attempts == 1
+
+
+async def test_a_cancel_between_an_activitys_read_and_its_step_start_stops_the_step(
+    tmp_path: Path,
+) -> None:
+    # The Temporal writer's check of a run's parents must not catch up the run's own
+    # aggregate inside the action: the cancel would be folded in, and the StepStarted
+    # after it would not lose the version check that stops the step.
+    from little_es_temporal.stream import RunCache, TemporalRunWriter
+
+    from little_es.durability import RunRecorder, cancel_run
+    from little_es.engine.executor import StepExecutor
+    from little_es.errors import RunCancelledError
+
+    wf = Workflow("two", steps=[task("a", _one), task("b", _one)])
+    with local_world(tmp_path / "world") as world:
+        RunRecorder.start(
+            world,
+            run_id="run_raced",
+            workflow_id=wf.id,
+            workflow_version=wf.version,
+            ir_hash=wf.ir_hash,
+            input={},
+        )
+        writer = TemporalRunWriter(RunCache(world), world, "run_raced")
+        writer.read()  # as an activity reads its run first
+        cancel_run(world, "run_raced", reason="stop")
+        step = wf.step("a")
+        with pytest.raises(RunCancelledError):
+            await StepExecutor(writer, wf).begin(step, "a", 1, catch_up=False)  # type: ignore[arg-type]
+        kinds = [type(e).__name__ for e in world.read_run_log("run_raced")]
+        assert kinds == ["RunStarted", "RunCancelled"]

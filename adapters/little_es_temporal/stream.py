@@ -94,6 +94,9 @@ class TemporalRunWriter(RunWriter):
     def __init__(self, cache: RunCache, world: World, run_id: str) -> None:
         super().__init__(world, run_id)
         self._cache = cache
+        self._parents: dict[str, RunRecorder] = {}
+        """The parents' states this writer read, its own (not the cache's, which another
+        activity's action may hold): each later check is one indexed query."""
 
     def read(self) -> RunFold:
         return self._recorder().fold
@@ -113,13 +116,21 @@ class TemporalRunWriter(RunWriter):
     def parents(self) -> Iterator[tuple[str, RunFold]]:
         # A child workflow's parents are other workflows: their logs say whether one
         # was cancelled (a parent's id never changes once its child started).
+        # Never self.read(): it would catch up the aggregate an action of this writer
+        # may hold, folding in a RunCancelled its next append would then not lose to.
+        own = self._cache.cached(self.run_id)
+        parent_id = (own if own is not None else self._recorder()).fold.parent_run_id
         seen = {self.run_id}
-        parent_id = self.read().parent_run_id
         while parent_id is not None and parent_id not in seen:
             seen.add(parent_id)
-            recorder = self._cache.recorder(parent_id)
+            recorder = self._parents.get(parent_id)
             if recorder is None:
-                return
+                recorder = RunRecorder.load(self.world, parent_id)
+                if recorder is None:
+                    return
+                self._parents[parent_id] = recorder
+            else:
+                recorder.refresh()
             yield parent_id, recorder.fold
             parent_id = recorder.fold.parent_run_id
 
