@@ -808,3 +808,12 @@ def test_a_fork_moves_as_a_run_with_its_snapshots(
         import_world(target, io.BytesIO(out.getvalue()))
         assert replay_run(target, "run_fork") == before
         assert verify_world(target).ok
+
+
+def test_an_export_from_before_forks_were_runs_still_imports(tmp_path: Path) -> None:
+    # Written by the exporter of e4e5229: a fork's stream is declared as a plain stream.
+    fixture = Path(__file__).with_name("fixtures") / "export_with_fork_v1.jsonl"
+    with local_world(tmp_path / "world") as world, fixture.open("rb") as f:
+        imported = import_world(world, f)
+        assert (imported.streams, imported.events) == (3, 14)
+        assert replay_run(world, "r1_fork").state.forked_from is not None
