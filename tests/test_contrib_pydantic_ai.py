@@ -14,6 +14,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from _pydantic_ai_support import RUN_ID, ChatServer, build, main, start_server
 from pydantic_ai import Agent, RunContext
@@ -376,9 +377,19 @@ def test_a_resume_with_other_model_settings_or_output_schema_is_refused(
 
         return Workflow("pai_settings", steps=[pydantic_ai_step("ask", agent, prompt="go")])
 
-    assert workflow(0.0).steps[0].model.request_settings["agent_settings"] == {  # type: ignore[attr-defined]
-        "temperature": 0.0
-    }
+    settings = workflow(0.0).steps[0].model.request_settings  # type: ignore[attr-defined]
+    assert set(settings) == {"output_schema_sha256", "agent_settings_sha256"}
+    # Pinned as hashes: a header's secret is not written to the log, and a setting that
+    # is no JSON (an httpx.Timeout) still defines the step.
+    secret = Agent(
+        OpenAIChatModel("gpt-4o-mini", provider=OpenAIProvider(base_url="http://x", api_key="k")),
+        model_settings={
+            "extra_headers": {"Authorization": "Bearer sk-secret"},
+            "timeout": object(),
+        },  # type: ignore[typeddict-item]
+    )
+    pinned = pydantic_ai_step("s", secret, prompt="go").model.request_settings  # type: ignore[attr-defined]
+    assert b"sk-secret" not in orjson.dumps(pinned)
     save = integration._Recorder.save
 
     def save_then_crash(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -394,7 +405,7 @@ def test_a_resume_with_other_model_settings_or_output_schema_is_refused(
             sent = dict(server.requests)
             rows = len(world.read_run_log("run_tuned"))
             for changed, said in (
-                (workflow(1.5), "'agent_settings' changed"),
+                (workflow(1.5), "'agent_settings_sha256' changed"),
                 (workflow(0.0, Answer), "'output_schema_sha256' changed"),
             ):
                 with pytest.raises(CapabilityDriftError, match=f"request setting {said}"):

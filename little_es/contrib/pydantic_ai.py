@@ -160,7 +160,7 @@ def pydantic_ai_step(
     descriptor = _ModelDescriptor(
         provider=model.system or "unknown",
         model_id=model.model_name,
-        request_settings=_request_settings(id, agent_, model),
+        request_settings=_request_settings(agent_, model),
     )
     parameters: dict[str, Any] = {"pydantic_ai": _agent_pin(id, agent_)}
     step = agent(
@@ -205,34 +205,33 @@ class _ModelDescriptor:
         )
 
 
-def _request_settings(step_id: str, agent_: Agent[Any, Any], model: _PaiModel) -> dict[str, Any]:
+def _request_settings(agent_: Agent[Any, Any], model: _PaiModel) -> dict[str, Any]:
     """What the agent sends with every request besides the conversation and its function
     tools: its model's and its own settings, and the schema of its output (its output
     tools). Pinned in the session's manifest, not in the IR (see ``request_settings`` in
-    :mod:`little_es.harness.manifest`)."""
+    :mod:`little_es.harness.manifest`), as hashes: settings may hold secrets (headers)
+    and values that are not JSON (an ``httpx.Timeout``)."""
+    pinned: dict[str, Any] = {}
     output: Any = agent_.output_type
     try:
         schema: Any = TypeAdapter(output).json_schema()
-    except Exception:  # an output spec TypeAdapter cannot describe: pinned by its repr
-        schema = repr(output)
-    pinned: dict[str, Any] = {
-        "output_schema_sha256": hashlib.sha256(
-            orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
-        ).hexdigest()
-    }
-    for key, settings in (
-        ("model_settings", model.settings),
-        ("agent_settings", agent_.model_settings),
-    ):
+    except Exception:
+        # An output spec TypeAdapter cannot describe (an output function): its type is
+        # pinned in the IR already, and a repr would hold memory addresses.
+        schema = None
+    if schema is not None:
+        pinned["output_schema_sha256"] = _sha256_of(schema)
+    given = (("model_settings", model.settings), ("agent_settings", agent_.model_settings))
+    for key, settings in given:
         if settings:
-            try:
-                pinned[key] = orjson.loads(orjson.dumps(to_jsonable_python(settings)))
-            except (TypeError, ValueError) as exc:
-                raise WorkflowDefinitionError(
-                    f"pydantic_ai_step {step_id!r}: the {key.replace('_', ' ')} must be JSON"
-                    f" values to be pinned ({exc})"
-                ) from exc
+            pinned[f"{key}_sha256"] = _sha256_of(
+                to_jsonable_python(settings, fallback=lambda value: type(value).__qualname__)
+            )
     return pinned
+
+
+def _sha256_of(value: Any) -> str:
+    return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
 def _agent_pin(step_id: str, agent_: Agent[Any, Any]) -> dict[str, Any]:
