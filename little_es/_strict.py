@@ -32,9 +32,12 @@ digits) is walked and validated again with the reader's own validator.
 from __future__ import annotations
 
 import math
+import threading
 import types
 import typing
+from collections import deque
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Annotated, Any
 
 import orjson
@@ -306,12 +309,13 @@ def json_field_problem(model: BaseModel, path: str) -> str | None:
             continue
         try:
             orjson.dumps(value, default=_dumped_model)
-        except TypeError as exc:
+        except TypeError:
+            # orjson refuses more than a reader would misread (a str subclass as a key, a
+            # numpy float, a deque): the walk says whether this is what would be lost.
             where = f"{path}.{name}" if path else name
-            return (
-                f"{where} is not JSON data ({exc}): give it string keys and JSON values only"
-                " (dicts, lists, strings, numbers, booleans, None)"
-            )
+            found = _not_json(value, where)
+            if found is not None:
+                return found
     for name in holders:
         value = own.get(name)
         where = f"{path}.{name}" if path else name
@@ -328,6 +332,38 @@ def json_field_problem(model: BaseModel, path: str) -> str | None:
     return None
 
 
+_NOT_JSON = (Decimal, bytes, bytearray, memoryview, set, frozenset, complex)
+
+
+def _not_json(value: Any, path: str) -> str | None:
+    """What in ``value`` (at ``path``) pydantic would write as something else than it is: a
+    key that is not a string, a Decimal, bytes, a set; None when it writes all as it is."""
+    if isinstance(value, _NOT_JSON):
+        return (
+            f"{path} is a {type(value).__qualname__}, which is not JSON data: convert it (a"
+            " string, a number, a list) before recording it"
+        )
+    if isinstance(value, BaseModel):
+        return None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return (
+                    f"{path} has the key {key!r}, a {type(key).__qualname__}: JSON object keys"
+                    " are strings (pydantic would write 1 and '1' as one key, and lose a"
+                    " value): give it string keys"
+                )
+            found = _not_json(item, f"{path}.{key}")
+            if found is not None:
+                return found
+    elif isinstance(value, list | tuple | deque):
+        for index, item in enumerate(value):
+            found = _not_json(item, f"{path}.{index}")
+            if found is not None:
+                return found
+    return None
+
+
 def _dumped_model(value: Any) -> Any:
     # A pydantic model in a JSON field is written as its JSON object, as pydantic does.
     if isinstance(value, BaseModel):
@@ -337,6 +373,7 @@ def _dumped_model(value: Any) -> Any:
 
 _JsonPlan = tuple[tuple[str, ...], tuple[str, ...]]
 _JSON_PLANS: dict[type[BaseModel], _JsonPlan] = {}
+_BUILDING = threading.local()
 
 
 def _json_plan(cls: type[BaseModel]) -> _JsonPlan:
@@ -344,17 +381,26 @@ def _json_plan(cls: type[BaseModel]) -> _JsonPlan:
     such fields (followed; the others are not)."""
     found = _JSON_PLANS.get(cls)
     if found is None:
-        _JSON_PLANS[cls] = ((), ())  # a model that holds itself: followed once
-        fields = cls.__pydantic_fields__.items()
-        found = _JSON_PLANS[cls] = (
-            tuple(name for name, field in fields if _holds_any(field.annotation)),
-            tuple(name for name, field in fields if _holds_json_models(field.annotation)),
-        )
+        building = _BUILDING.__dict__.setdefault("classes", set())
+        if cls in building:
+            return ((), ())  # a model that holds itself: followed once
+        building.add(cls)
+        try:
+            fields = cls.__pydantic_fields__.items()
+            found = (
+                tuple(name for name, field in fields if _holds_any(field.annotation)),
+                tuple(name for name, field in fields if _holds_json_models(field.annotation)),
+            )
+        finally:
+            building.discard(cls)
+        # Published whole: another thread never sees a plan still being built.
+        _JSON_PLANS[cls] = found
     return found
 
 
 def _holds_any(annotation: Any) -> bool:
-    if annotation is Any:
+    # A bare dict, list or object takes any value, as Any does.
+    if annotation is Any or annotation in (dict, list, object):
         return True
     return any(_holds_any(arg) for arg in typing.get_args(annotation))
 
