@@ -16,8 +16,9 @@ import pytest
 from pydantic import BaseModel
 from rich.console import Console
 
+from little_es.durability import cancel_run
 from little_es.engine.local import run_workflow
-from little_es.errors import RunWaitingError, ToolError
+from little_es.errors import RunCancelledError, RunWaitingError, ToolError
 from little_es.events import (
     RunStarted,
     SubRunReserved,
@@ -548,3 +549,59 @@ def test_sub_runs_waiting_at_once_are_each_named_with_their_own_run(world: World
         world.signal(owner, signal, {"ok": True})
     result = asyncio.run(run_workflow(world, orchestrator, run_id="run_gates"))
     assert result.output == "both answered"
+
+
+def test_a_sub_run_that_stops_leaves_its_siblings_calls_to_finish(world: World) -> None:
+    # A stop in one call of a batch (here the parent cancelled from a sub-run's step)
+    # lets the other calls go on to their own next check: cut off, the slow sub-run's
+    # model call in flight was made again on resume, and paid twice.
+    started: list[str] = []
+
+    cancelled: list[bool] = []
+
+    def cancel_parent(ctx: StepContext) -> int:
+        if not cancelled:  # once: the resume goes on
+            cancel_run(world, "run_stopper", reason="enough")
+            cancelled.append(True)
+        return 0
+
+    async def slow(request: ModelRequest) -> ScriptedReply:
+        started.append("slow")
+        await asyncio.sleep(0.3)
+        return ScriptedReply(content="slow answer")
+
+    # Its next step stops with the parent: the tool call it runs in is stopped.
+    stopper = Workflow("stopper", steps=[task("stop", cancel_parent), task("next", lambda ctx: 1)])
+    slow_agent = Workflow(
+        "slow_agent", steps=[agent("think", model=ScriptedModel(respond=slow), prompt="think")]
+    )
+
+    def respond(request: ModelRequest) -> ScriptedReply:
+        if not any(m.role == "assistant" for m in request.messages):
+            return ScriptedReply(
+                tool_calls=(
+                    ToolCall(
+                        id="slow", name="start_workflow", arguments={"workflow_id": "slow_agent"}
+                    ),
+                    ToolCall(
+                        id="stop", name="start_workflow", arguments={"workflow_id": "stopper"}
+                    ),
+                )
+            )
+        return ScriptedReply(content="done")
+
+    wf = Workflow(
+        "stop_fan",
+        steps=[
+            agent(
+                "fan",
+                model=ScriptedModel(respond=respond),
+                prompt="fan out",
+                tools=[start_workflow_tool([stopper, slow_agent])],
+            )
+        ],
+    )
+    with pytest.raises(RunCancelledError):
+        asyncio.run(run_workflow(world, wf, {}, run_id="run_stopper"))
+    asyncio.run(run_workflow(world, wf, run_id="run_stopper", resume_cancelled=True))
+    assert started == ["slow"]

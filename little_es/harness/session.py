@@ -362,6 +362,7 @@ class _SessionLoop:
         self._running = 0
         self._suspended: list[StepSuspendedError] = []
         self._waiting: list[RunWaitingError | WaitTimedOutError] = []
+        self._stopped: list[RunStoppedError] = []
         self.model_calls_made = 0
         self.tool_calls_made = 0
         self.replayed_model_calls = 0
@@ -522,6 +523,12 @@ class _SessionLoop:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
                 raise
+        if self._stopped:
+            # The others' results are committed, the stopped calls stay in flight.
+            stopped, self._stopped, self._waiting = self._stopped, [], []
+            self._suspended = []
+            self._save()
+            raise stopped[0]
         if self._waiting:
             # Calls that wait for a person stay in flight (their RunWaiting is committed);
             # the others' results are committed here, so a resume re-runs none of them.
@@ -603,11 +610,18 @@ class _SessionLoop:
             self._waiting.append(exc)
             self._running -= 1
             return
-        except (RuntimeIntegrityError, RunStoppedError, WorldStorageError):
-            # A refusal (a sub-run whose log disagrees with its code), a stop (a
-            # sub-run cancelled or out of budget) or the world's database failing a
-            # sub-run's records: not the tool's failure to show the model, nothing is
-            # recorded for the call, which stays in flight.
+        except RunStoppedError as exc:
+            # A stop (a sub-run cancelled or out of budget): not the tool's failure, and
+            # nothing is recorded for the call, which stays in flight. The batch's other
+            # calls go on to their own next check, as a wait lets them: cut off, a model
+            # call in flight in one of their sub-runs would be paid again on resume.
+            self._stopped.append(exc)
+            self._running -= 1
+            return
+        except (RuntimeIntegrityError, WorldStorageError):
+            # A refusal (a sub-run whose log disagrees with its code) or the world's
+            # database failing a sub-run's records: not the tool's failure to show the
+            # model, nothing is recorded for the call, which stays in flight.
             self._running -= 1
             raise
         except StepSuspendedError as exc:
