@@ -146,21 +146,23 @@ async def _engine(client: Client, world: World, name: str) -> AsyncIterator[Any]
     await asyncio.sleep(0.2)
 
 
+async def _drive(
+    client: Client, world: World, kw: dict[str, Any], wf: Workflow, run_id: str
+) -> Any:
+    if "queue" not in kw:
+        return await run_workflow(world, wf, {}, run_id=run_id)
+    handle = await start_run(client, wf, {}, run_id=run_id, task_queue=kw["queue"])
+    return await handle.result()
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 async def test_a_sub_runs_visit_limit_fails_its_parents_step_with_the_childs_error(
     client: Client, tmp_path: Path, engine: str
 ) -> None:
     with local_world(tmp_path / "world") as world:
         async with _engine(client, world, engine) as kw:
-            if engine == "local":
-                with pytest.raises(RunFailedError):
-                    await run_workflow(world, PARENT, {}, run_id="run_parent")
-            else:
-                handle = await start_run(
-                    client, PARENT, {}, run_id="run_parent", task_queue=kw["queue"]
-                )
-                with pytest.raises(WorkflowFailureError):
-                    await handle.result()
+            with pytest.raises((RunFailedError, WorkflowFailureError)):
+                await _drive(client, world, kw, PARENT, "run_parent")
         state = replay_run(world, "run_parent").state
         assert state.status == "failed" and state.failed_step_path == "s"
         assert state.error is not None and state.error.type == "VisitLimitError"
@@ -225,15 +227,6 @@ async def test_an_outer_loops_waiting_cycle_stops_the_loop_until_it_is_signalled
         assert result.reason == "planner_done"
         assert [c.completed.status for c in result.cycles if c.completed] == ["completed"]
         assert replay_run(world, "loop_waits.cycle-1").state.output == {"go": True}
-
-
-async def _drive(
-    client: Client, world: World, kw: dict[str, Any], wf: Workflow, run_id: str
-) -> Any:
-    if "queue" not in kw:
-        return await run_workflow(world, wf, {}, run_id=run_id)
-    handle = await start_run(client, wf, {}, run_id=run_id, task_queue=kw["queue"])
-    return await handle.result()
 
 
 @pytest.mark.parametrize("engine", ENGINES)
