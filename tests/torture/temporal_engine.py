@@ -50,6 +50,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 
 from little_es import (
+    RunWaitingError,
     World,
     configure_logging,
     open_world,
@@ -239,7 +240,13 @@ async def _run(client: Client, world: World, run_id: str, ledger: Ledger, queue:
                 sys.stdout.write('{"status": "waiting", "engine": "temporal"}\n')
                 return WAITING_EXIT_CODE
             await asyncio.wait({done}, timeout=POLL_S)
-        await done
+        try:
+            await done
+        except RunWaitingError:
+            # The engine stops at the wait, as run_workflow does: so does this process,
+            # and the workflow waits on Temporal for the signal the next process sends.
+            sys.stdout.write('{"status": "waiting", "engine": "temporal"}\n')
+            return WAITING_EXIT_CODE
     status = replay_run(world, run_id).state.status
     sys.stdout.write(orjson.dumps({"status": status, "engine": "temporal"}).decode() + "\n")
     return 0
