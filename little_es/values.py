@@ -14,7 +14,15 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, Literal, Protocol, Self, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 from pydantic_core import ErrorDetails
 
 JSONValue = Any
@@ -73,6 +81,31 @@ class ToolCall(_Frozen):
     id: str = Field(min_length=1, description="The call id the model gave, e.g. 'c42'.")
     name: str = Field(min_length=1)
     arguments: dict[str, JSONValue] = Field(default_factory=dict)
+    unparsed_arguments: str | None = Field(
+        default=None,
+        description=(
+            "The arguments as the model sent them, when they are no JSON object that can be"
+            " read as it meant it (``arguments`` is then empty): the call fails with"
+            " ToolArgumentsError and the model is told, and later requests send the text"
+            " back as it was."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _unparsed_has_no_arguments(self) -> Self:
+        # A tool must never run with a part of what the model meant.
+        if self.unparsed_arguments is not None and self.arguments:
+            raise ValueError("a tool call with unparsed_arguments has no arguments")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _without_unparsed(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Left out when None, in every dump: a session's conversation hashes, recorded
+        # before the field was, hash the dumps of their messages.
+        dumped: dict[str, Any] = handler(self)
+        if dumped.get("unparsed_arguments", "") is None:
+            del dumped["unparsed_arguments"]
+        return dumped
 
 
 class Message(_Frozen):

@@ -8,14 +8,16 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
+from little_es import ToolCallFailed, Workflow, agent, local_world, replay_run, run_workflow
 from little_es.contrib.openai import OpenAIChatModel
 from little_es.errors import ModelConfigError, ModelError
-from little_es.harness.tools import tool
+from little_es.harness.tools import read_arguments, tool
 from little_es.values import Message, ModelRequest, ToolCall, Usage
 
 
@@ -277,22 +279,26 @@ async def test_connection_refused_is_retryable() -> None:
     assert (info.value.retryable, info.value.status, info.value.provider) == (True, None, "vllm")
 
 
-async def test_invalid_tool_arguments_are_not_retryable(
+async def test_arguments_that_are_no_json_are_kept_as_sent_not_an_error(
     chat_server: ChatServer, model: OpenAIChatModel
 ) -> None:
-    call = {
-        "id": "call_9",
-        "type": "function",
-        "function": {"name": "get_weather", "arguments": '{"city": Par'},
-    }
-    chat_server.replies = [
-        (200, _completion({"role": "assistant", "tool_calls": [call]}, None, model="m"))
+    calls = [
+        {"id": f"call_{n}", "type": "function", "function": {"name": "get_weather", "arguments": a}}
+        for n, a in enumerate(('{"city": Par', '["Paris"]'))
     ]
-    with pytest.raises(ModelError) as info:
-        await model.complete(ModelRequest(messages=(Message(role="user", content="hi"),)))
-    assert info.value.retryable is False
-    assert "'get_weather'" in str(info.value)
-    assert '{"city": Par' in str(info.value)
+    chat_server.replies = [
+        (200, _completion({"role": "assistant", "tool_calls": calls}, None, model="m"))
+    ]
+    response = await model.complete(ModelRequest(messages=(Message(role="user", content="hi"),)))
+    assert response.tool_calls == (
+        ToolCall(id="call_0", name="get_weather", unparsed_arguments='{"city": Par'),
+        ToolCall(id="call_1", name="get_weather", unparsed_arguments='["Paris"]'),
+    )
+    # Sent back as the model wrote them: the conversation is the one it had.
+    chat_server.replies = [(200, _completion({"role": "assistant", "content": "ok"}, None, "m"))]
+    await model.complete(ModelRequest(messages=(response.as_message(),)))
+    sent = chat_server.received[1].body["messages"][0]["tool_calls"]
+    assert [c["function"]["arguments"] for c in sent] == ['{"city": Par', '["Paris"]']
 
 
 async def test_empty_arguments_mean_no_arguments(
@@ -369,23 +375,83 @@ async def test_an_answer_that_is_no_json_is_a_model_error(
     assert info.value.retryable is False
 
 
-async def test_an_integer_past_64_bits_in_the_arguments_is_refused_not_rounded(
+async def test_an_integer_past_64_bits_in_the_arguments_is_kept_as_sent_not_rounded(
     chat_server: ChatServer, model: OpenAIChatModel
 ) -> None:
+    text = '{"city": "Paris", "days": 1180591620717411303424}'
     call = {
         "id": "call_7",
         "type": "function",
-        "function": {
-            "name": "get_weather",
-            "arguments": '{"city": "Paris", "days": 1180591620717411303424}',
-        },
+        "function": {"name": "get_weather", "arguments": text},
     }
     chat_server.replies = [
         (200, _completion({"role": "assistant", "tool_calls": [call]}, None, model="m"))
     ]
-    with pytest.raises(ModelError, match=r"arguments\.days is an integer of 71 bits") as info:
-        await model.complete(ModelRequest(messages=(Message(role="user", content="hi"),)))
-    assert info.value.retryable is False
+    response = await model.complete(ModelRequest(messages=(Message(role="user", content="hi"),)))
+    assert response.tool_calls[0] == ToolCall(
+        id="call_7", name="get_weather", unparsed_arguments=text
+    )
+    problem = read_arguments("get_weather", text)
+    assert isinstance(problem, str) and "arguments.days is an integer of 71 bits" in problem
+
+
+async def test_an_agent_is_told_its_arguments_were_no_json_and_pays_once_per_call(
+    chat_server: ChatServer, tmp_path: Path
+) -> None:
+    """The answer with arguments that are no JSON is recorded with its tokens; the call
+    fails as the call's own error, which the model reads, and the run goes on."""
+    ran: list[str] = []
+
+    @tool
+    def lookup(city: str = "Rome") -> str:
+        """Look a city up (its one argument has a default: {} would validate)."""
+        ran.append(city)
+        return f"found {city}"
+
+    def asking(arguments: str, call_id: str) -> dict[str, Any]:
+        function = {"name": "lookup", "arguments": arguments}
+        message = {
+            "role": "assistant",
+            "tool_calls": [{"id": call_id, "type": "function", "function": function}],
+        }
+        return _completion(message, {"prompt_tokens": 10, "completion_tokens": 3}, "gpt-test")
+
+    chat_server.replies = [
+        (200, asking('{"city": "Par', "call_1")),
+        (200, asking('{"city": "Paris"}', "call_2")),
+        (
+            200,
+            _completion(
+                {"role": "assistant", "content": "Paris found."},
+                {"prompt_tokens": 30, "completion_tokens": 4},
+                "gpt-test",
+            ),
+        ),
+    ]
+    chat_model = OpenAIChatModel("gpt-test", base_url=chat_server.base_url, api_key="k")
+    world = local_world(tmp_path / "data")
+    wf = Workflow(
+        "no-json-args", steps=[agent("a", model=chat_model, prompt="find Paris", tools=[lookup])]
+    )
+    try:
+        result = await run_workflow(world, wf, {}, run_id="run_no_json")
+    finally:
+        await chat_model.aclose()
+    assert (result.state.status, result.output) == ("completed", "Paris found.")
+    assert ran == ["Paris"]  # the unreadable call never ran, not even as lookup()
+    told = chat_server.received[1].body["messages"]
+    assert told[-2]["tool_calls"][0]["function"]["arguments"] == '{"city": "Par'
+    assert told[-1]["role"] == "tool" and told[-1]["tool_call_id"] == "call_1"
+    assert "not valid JSON" in told[-1]["content"]
+    assert "ToolArgumentsError" in told[-1]["content"]
+    # All three answers are paid for and counted.
+    usage = replay_run(world, "run_no_json").state.usage
+    assert (usage.calls, usage.input_tokens, usage.output_tokens) == (3, 50, 10)
+    failed = [e for e in world.read_run_log("run_no_json") if isinstance(e, ToolCallFailed)]
+    assert [(e.call_id, e.error.type) for e in failed] == [("call_1", "ToolArgumentsError")]
+    # A resume of the finished run runs nothing and asks nothing.
+    again = await run_workflow(world, wf, {}, run_id="run_no_json")
+    assert again.output == "Paris found." and len(chat_server.received) == 3 and ran == ["Paris"]
 
 
 def test_the_parameters_are_the_models_request_settings_pinned_in_a_session() -> None:

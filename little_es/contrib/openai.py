@@ -23,9 +23,9 @@ except ImportError as _exc:  # pragma: no cover - depends on the installed extra
         "little_es.contrib.openai needs the openai package: pip install 'little-es[openai]'"
     ) from _exc
 
-from little_es._strict import find_problem, has_long_digit_run
 from little_es.contrib._provider import ProviderModel
 from little_es.errors import ModelConfigError
+from little_es.harness.tools import read_arguments
 from little_es.values import JSONValue, Message, ModelRequest, ModelResponse, ToolSpec, Usage
 
 __all__ = ["OpenAIChatModel"]
@@ -175,7 +175,10 @@ class OpenAIChatModel(ProviderModel):
                         "type": "function",
                         "function": {
                             "name": call.name,
-                            "arguments": orjson.dumps(call.arguments).decode(),
+                            # As the model sent them, when they could not be read.
+                            "arguments": orjson.dumps(call.arguments).decode()
+                            if call.unparsed_arguments is None
+                            else call.unparsed_arguments,
                         },
                     }
                     for call in message.tool_calls
@@ -202,9 +205,14 @@ class OpenAIChatModel(ProviderModel):
                     " only function tools are supported",
                     retryable=False,
                 )
-            calls.append(
-                {"id": raw.id, "name": function.name, "arguments": self._arguments(function)}
-            )
+            text = function.arguments or ""
+            arguments = read_arguments(function.name, text)
+            if isinstance(arguments, str):
+                # Recorded with the answer (paid for) and failed as the call's own error,
+                # which the model is told.
+                calls.append({"id": raw.id, "name": function.name, "unparsed_arguments": text})
+            else:
+                calls.append({"id": raw.id, "name": function.name, "arguments": arguments})
         try:
             return ModelResponse.model_validate(
                 {
@@ -217,32 +225,6 @@ class OpenAIChatModel(ProviderModel):
             )
         except ValidationError as exc:
             raise self._error(f"the answer cannot be used: {exc}", retryable=False) from exc
-
-    def _arguments(self, function: Any) -> dict[str, JSONValue]:
-        raw = function.arguments or ""
-        if not raw.strip():
-            # Some compatible servers send "" for a call to a tool without parameters.
-            return {}
-        try:
-            decoded = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise self._error(
-                f"tool call {function.name!r} has arguments that are not valid JSON ({exc}):"
-                f" {raw!r}",
-                retryable=False,
-            ) from exc
-        if not isinstance(decoded, dict):
-            raise self._error(
-                f"tool call {function.name!r} has arguments that are not a JSON object: {raw!r}",
-                retryable=False,
-            )
-        if has_long_digit_run(raw.encode()):
-            # orjson reads an integer past 64 bits as a float: another value than the model's.
-            exact = json.loads(raw)
-            problem = find_problem(exact, f"tool call {function.name!r} arguments", 0)
-            if problem is not None:
-                raise self._error(problem, retryable=False)
-        return decoded
 
 
 def _tool_to_chat(spec: ToolSpec) -> dict[str, Any]:

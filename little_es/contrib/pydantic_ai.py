@@ -640,7 +640,13 @@ def _from_response(response: ModelResponse, timestamp: Any) -> _pm.ModelResponse
         parts.append(_pm.TextPart(content=response.content))
     for call in response.tool_calls:
         parts.append(
-            _pm.ToolCallPart(tool_name=call.name, args=dict(call.arguments), tool_call_id=call.id)
+            _pm.ToolCallPart(
+                tool_name=call.name,
+                args=dict(call.arguments)
+                if call.unparsed_arguments is None
+                else call.unparsed_arguments,
+                tool_call_id=call.id,
+            )
         )
     usage = response.usage
     return _pm.ModelResponse(

@@ -96,7 +96,7 @@ from little_es.events import (
 from little_es.harness.guard import SignalWaiter, current_guard
 from little_es.harness.manifest import check_manifest, compute_manifest
 from little_es.harness.model import Model
-from little_es.harness.tools import Tool, ToolContext, resolve_tools
+from little_es.harness.tools import Tool, ToolContext, resolve_tools, unparsed_arguments_error
 from little_es.ids import session_stream_id, validate_run_id
 from little_es.logging import get_logger
 from little_es.values import (
@@ -556,7 +556,10 @@ class _SessionLoop:
     def _prepared_args(
         self, call_id: str, call: ToolCall
     ) -> tuple[dict[str, JSONValue], ErrorInfo | None]:
-        """The arguments to record for a new call, and the error if the tool's hook refused it."""
+        """The arguments to record for a new call, and the error if the tool's hook refused it
+        (or the model's arguments could not be read)."""
+        if call.unparsed_arguments is not None:
+            return call.arguments, ErrorInfo.from_exception(unparsed_arguments_error(call))
         prepare = getattr(self.tools.get(call.name), "prepare_args", None)
         if prepare is None:
             return call.arguments, None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import json
 import re
 from collections.abc import Callable, Sequence
 from typing import Any, overload
@@ -18,10 +19,10 @@ from typing import Any, overload
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from little_es._strict import check_json_value, refuse_problem
+from little_es._strict import check_json_value, find_problem, has_long_digit_run, refuse_problem
 from little_es._threads import run_in_worker
 from little_es.errors import LittleEsError, ToolArgumentsError, ToolError
-from little_es.values import JSONValue, ToolSpec
+from little_es.values import JSONValue, ToolCall, ToolSpec
 from little_es.waits import (
     Approval,
     HumanAnswer,
@@ -38,8 +39,10 @@ __all__ = [
     "ToolContext",
     "ask_human",
     "check_engines",
+    "read_arguments",
     "resolve_tools",
     "tool",
+    "unparsed_arguments_error",
 ]
 
 # What OpenAI-compatible APIs accept as a function name.
@@ -451,6 +454,48 @@ def _arguments_model(
     # The top-level title is the generated class name, noise for the model.
     schema.pop("title", None)
     return tuple(signature.parameters.values()), frozenset(context_params), model, schema
+
+
+def read_arguments(tool_name: str, text: str) -> dict[str, JSONValue] | str:
+    """The arguments a model sent as JSON text (a provider's wire form), or why they
+    cannot be read as it meant them.
+
+    Empty text is no arguments (some servers send ``""`` for a tool without
+    parameters). A provider records a call whose text cannot be read as
+    ``ToolCall(arguments={}, unparsed_arguments=text)``: the call then fails with
+    :class:`ToolArgumentsError` and the model is told (:func:`unparsed_arguments_error`),
+    as for arguments that do not validate, rather than the whole answer, already
+    paid for, being thrown away.
+    """
+    if not text.strip():
+        return {}
+    try:
+        decoded = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        return f"tool call {tool_name!r} has arguments that are not valid JSON ({exc})"
+    if not isinstance(decoded, dict):
+        return f"tool call {tool_name!r} has arguments that are not a JSON object"
+    if has_long_digit_run(text.encode()):
+        # orjson reads an integer past 64 bits as a float: another value than the model's.
+        problem = find_problem(json.loads(text), f"tool call {tool_name!r} arguments", 0)
+        if problem is not None:
+            return problem
+    arguments: dict[str, JSONValue] = decoded
+    return arguments
+
+
+def unparsed_arguments_error(call: ToolCall) -> ToolArgumentsError:
+    """The failure of a call whose arguments the model sent as text that cannot be read
+    (:attr:`~little_es.values.ToolCall.unparsed_arguments`), told to the model."""
+    text = call.unparsed_arguments or ""
+    problem = read_arguments(call.name, text)
+    why = problem if isinstance(problem, str) else f"tool call {call.name!r} was not read"
+    return ToolArgumentsError(
+        f"{why}: {text[:2000]!r}. Send the arguments again as one JSON object that matches"
+        " the tool's schema",
+        tool=call.name,
+        fields=("",),
+    )
 
 
 def _arguments_error(tool_name: str, exc: ValidationError) -> ToolArgumentsError:

@@ -328,7 +328,7 @@ def _turn(call: ModelCall, anchor: str) -> str:
     if r is not None and r.content is not None:
         answer = f"<p>answer</p><pre>{esc(r.content)}</pre>"
     if r is not None and r.tool_calls:
-        asked = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in r.tool_calls]
+        asked = [c.model_dump(mode="json", exclude_none=True) for c in r.tool_calls]
         answer += f"<p>tool calls asked for</p>{_json(asked)}"
     messages = [m.model_dump(mode="json", exclude_defaults=True) for m in call.messages]
     tools = "".join(_tool_call(t, f"{anchor}-t{j}") for j, t in enumerate(call.tool_calls))
