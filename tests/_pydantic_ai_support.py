@@ -71,6 +71,8 @@ class ChatServer:
     hold_turn: int | None = None
     status_for_turn: dict[int, int] = field(default_factory=dict)
     """An HTTP error status to answer a turn's requests with (an OpenAI error body)."""
+    rate_limited: dict[int, int] = field(default_factory=dict)
+    """How many of a turn's first requests to answer with a 429."""
     requests: Counter[int] = field(default_factory=Counter)
     bodies: list[dict[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -100,12 +102,16 @@ def start_server(state: ChatServer) -> ThreadingHTTPServer:
                 state.release.wait(30)
                 return
             status = state.status_for_turn.get(turn)
+            if state.requests[turn] <= state.rate_limited.get(turn, 0):
+                status = 429
             if status is not None:
                 error = {"error": {"message": "context_length_exceeded", "type": "invalid"}}
                 data = json.dumps(error).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
+                # Said, not only done: a client that retries must not reuse the socket.
+                self.send_header("Connection", "close")
                 self.end_headers()
                 self.wfile.write(data)
                 return

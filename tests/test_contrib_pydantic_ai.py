@@ -16,7 +16,8 @@ from typing import Any
 
 import orjson
 import pytest
-from _pydantic_ai_support import RUN_ID, ChatServer, build, main, start_server
+from _pydantic_ai_support import RUN_ID, Answer, ChatServer, build, main, start_server
+from openai import AsyncOpenAI
 from pydantic_ai import Agent, RunContext
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
@@ -221,13 +222,27 @@ class PaymentDeclinedError(Exception):
 
 
 def _tools_workflow(
-    base_url: str, ran: list[str], *, lookup_declines: bool, max_turns: int = 20
+    base_url: str,
+    ran: list[str],
+    *,
+    lookup_declines: bool,
+    max_turns: int = 20,
+    client_retries: int | None = None,
+    output_type: Any = str,
 ) -> Workflow:
     """Turn 1 asks for ``lookup`` and ``add``. With ``lookup_declines`` it raises a
     non-retryable error, which ends the step (Pydantic AI lets a tool's exception through).
     ``ran`` gets each real tool call."""
+    provider = (
+        OpenAIProvider(base_url=base_url, api_key="k")
+        if client_retries is None
+        else OpenAIProvider(
+            openai_client=AsyncOpenAI(base_url=base_url, api_key="k", max_retries=client_retries)
+        )
+    )
     agent = Agent(
-        OpenAIChatModel("gpt-4o-mini", provider=OpenAIProvider(base_url=base_url, api_key="k")),
+        OpenAIChatModel("gpt-4o-mini", provider=provider),
+        output_type=output_type,
         name="payer",
         instructions="Pay.",
     )
@@ -295,6 +310,28 @@ def test_a_tool_failure_answered_from_the_log_fails_the_step_as_it_did(
     assert ran.count("lookup") == 1, ran
     assert [e.attempt for e in log if isinstance(e, StepStarted)] == [1]
     assert dict(server.requests) == {1: 1}
+
+
+def test_a_rate_limited_request_is_retried_in_the_same_session(tmp_path: Path) -> None:
+    """A 429 past the client's own retries is tried again by the step's retry, in place: a
+    new attempt would start a new session and run the committed tools again."""
+    server = ChatServer(rate_limited={2: 2})
+    httpd = start_server(server)
+    ran: list[str] = []
+    try:
+        wf = _tools_workflow(
+            server.base_url, ran, lookup_declines=False, client_retries=0, output_type=Answer
+        )
+        with local_world(tmp_path / "w") as world:
+            result = asyncio.run(run_workflow(world, wf, {}, run_id="run_429"))
+            log = world.read_run_log("run_429")
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert result.state.status == "completed"
+    assert [e.attempt for e in log if isinstance(e, StepStarted)] == [1]
+    assert dict(server.requests) == {1: 1, 2: 3, 3: 1}
+    assert sorted(ran) == ["add", "add", "lookup"], "a retry ran the committed tools again"
 
 
 def test_a_request_the_provider_refuses_for_good_is_not_retried(tmp_path: Path) -> None:

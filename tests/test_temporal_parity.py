@@ -11,6 +11,9 @@ start-dev``: each case runs once locally and once on Temporal, in worlds of thei
   loop resumes and ends;
 * a step whose code raises ``asyncio.CancelledError`` (nothing cancelled it) stops its
   run with the step in flight on both, where Temporal retried it for ever;
+* a retryable model error (a 429) is retried in place by the agent step's ``retry``, in
+  the same session, and past those tries fails the run for good: a new attempt would
+  start a new session, paying for every answer again and running every tool again;
 * a parallel group's ``retry`` is its ``branches(ctx)``'s, as a step's is its code's (it
   was accepted and never applied), and a failed run resumed that fails again in a
   group's ``branches(ctx)`` records that failure as the run's.
@@ -33,14 +36,16 @@ from temporalio.client import Client, WorkflowFailureError
 
 import tests._temporal_support as _support
 from little_es.engine.local import run_workflow
-from little_es.errors import RunFailedError, RunWaitingError
+from little_es.errors import ModelError, RunFailedError, RunWaitingError
 from little_es.events import RunFailed, StepFailed
 from little_es.harness.model import ScriptedModel
+from little_es.harness.tools import tool
 from little_es.outer_loop import Planner, run_outer_loop
 from little_es.replay import replay_run
-from little_es.values import ModelRequest, ModelResponse, Usage
+from little_es.values import ModelRequest, ModelResponse, ToolCall, Usage
 from little_es.workflow.authoring import (
     Workflow,
+    agent,
     decision,
     parallel,
     subworkflow,
@@ -132,6 +137,45 @@ def _plan(request: ModelRequest) -> ModelResponse:
 
 PLANNER = Planner(model=ScriptedModel(respond=_plan, model_id="planner-1"), prompt="plan")
 
+_PROVIDER = {"fail_turn": 3, "failures": 1, "failed": 0, "paid": 0}
+_CHARGED: list[int] = []
+
+
+@tool
+def charge(n: int) -> str:
+    """Charge order n."""
+    _CHARGED.append(n)
+    return f"charged {n}"
+
+
+def _rate_limited(request: ModelRequest) -> ModelResponse:
+    # One charge a turn for three turns, then the answer; turn fail_turn is refused
+    # (a 429) its first `failures` times.
+    turn = 1 + sum(1 for m in request.messages if m.role == "assistant")
+    if turn == _PROVIDER["fail_turn"] and _PROVIDER["failed"] < _PROVIDER["failures"]:
+        _PROVIDER["failed"] += 1
+        raise ModelError("429: slow down", retryable=True, provider="scripted", status=429)
+    _PROVIDER["paid"] += 1
+    usage = Usage(input_tokens=10, output_tokens=1)
+    if turn > 3:
+        return ModelResponse(content="charged all", usage=usage, provider="p", model="m")
+    call = ToolCall(id=f"c{turn}", name="charge", arguments={"n": turn})
+    return ModelResponse(tool_calls=(call,), usage=usage, provider="p", model="m")
+
+
+RATE_LIMITED = Workflow(
+    "rate_limited",
+    steps=[
+        agent(
+            "a",
+            model=ScriptedModel(respond=_rate_limited),
+            prompt="charge the orders",
+            tools=[charge],
+            retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.01),
+        )
+    ],
+)
+
 
 @asynccontextmanager
 async def _engine(client: Client, world: World, name: str) -> AsyncIterator[Any]:
@@ -140,7 +184,15 @@ async def _engine(client: Client, world: World, name: str) -> AsyncIterator[Any]
         yield {}
         return
     queue = f"q-{uuid.uuid4().hex[:12]}"
-    workflows = [PLANNER.workflow, LOOPING, WAITING, PARENT, GROUPED, SELF_CANCELLING]
+    workflows = [
+        PLANNER.workflow,
+        LOOPING,
+        WAITING,
+        PARENT,
+        GROUPED,
+        SELF_CANCELLING,
+        RATE_LIMITED,
+    ]
     async with create_worker(client, world, workflows=workflows, task_queue=queue):
         yield {"engine": TemporalEngine(client, task_queue=queue), "queue": queue}
     await asyncio.sleep(0.2)
@@ -276,6 +328,47 @@ async def test_a_step_raising_cancelled_error_stops_its_run_with_the_step_in_fli
         state = replay_run(world, "run_self_cancel").state
         assert list(state.steps) == ["a"] and state.steps["a"].status == "running"
         assert state.steps["a"].attempts == 1
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_retryable_model_error_is_retried_in_the_same_session(
+    client: Client, tmp_path: Path, engine: str
+) -> None:
+    # A new attempt would start a new session: turns 1 and 2 paid again, orders 1 and 2
+    # charged again.
+    _PROVIDER.update(fail_turn=3, failures=2, failed=0, paid=0)
+    _CHARGED.clear()
+    with local_world(tmp_path / "world") as world:
+        async with _engine(client, world, engine) as kw:
+            await _drive(client, world, kw, RATE_LIMITED, "run_429")
+        state = replay_run(world, "run_429").state
+        assert (state.status, state.output) == ("completed", "charged all")
+        assert _CHARGED == [1, 2, 3] and _PROVIDER == {
+            "fail_turn": 3,
+            "failures": 2,
+            "failed": 2,
+            "paid": 4,
+        }
+        assert state.steps["a"].attempts == 1 and state.usage.calls == 4
+        assert not [e for e in world.read_run_log("run_429") if isinstance(e, StepFailed)]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_model_error_past_the_steps_tries_fails_the_run_without_a_new_session(
+    client: Client, tmp_path: Path, engine: str
+) -> None:
+    _PROVIDER.update(fail_turn=2, failures=10, failed=0, paid=0)
+    _CHARGED.clear()
+    with local_world(tmp_path / "world") as world:
+        async with _engine(client, world, engine) as kw:
+            with pytest.raises((RunFailedError, WorkflowFailureError)):
+                await _drive(client, world, kw, RATE_LIMITED, "run_429s")
+        state = replay_run(world, "run_429s").state
+        assert state.status == "failed" and state.steps["a"].attempts == 1
+        assert state.error is not None and state.error.type == "ModelError"
+        assert not state.error.retryable
+        assert "the call was made 3 times (the step's retry)" in state.error.message
+        assert _CHARGED == [1] and _PROVIDER["failed"] == 3 and _PROVIDER["paid"] == 1
 
 
 async def test_a_cancel_between_an_activitys_read_and_its_step_start_stops_the_step(

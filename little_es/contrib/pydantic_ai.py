@@ -51,6 +51,7 @@ from little_es.errors import MissingExtraError
 
 try:
     from pydantic_ai import Agent
+    from pydantic_ai import exceptions as _pai_errors
     from pydantic_ai import messages as _pm
     from pydantic_ai.exceptions import ModelHTTPError, ModelRetry, UsageLimitExceeded
     from pydantic_ai.models import Model as _PaiModel
@@ -90,6 +91,7 @@ from little_es.events import (
 )
 from little_es.harness.guard import current_guard
 from little_es.harness.manifest import check_manifest, compute_manifest
+from little_es.harness.model import call_model
 from little_es.harness.session import conversation_hash, implied_messages
 from little_es.ids import session_stream_id
 from little_es.values import (
@@ -173,7 +175,7 @@ def pydantic_ai_step(
         max_visits=max_visits,
         budget=budget,
     )
-    runner = _Runner(agent_, descriptor, parameters, max_turns, deps)
+    runner = _Runner(agent_, descriptor, parameters, max_turns, deps, step.ir.retry)
     return AgentStep(
         ir=step.ir,
         model=step.model,
@@ -270,8 +272,10 @@ class _Runner:
         parameters: Mapping[str, Any],
         max_turns: int,
         deps: Callable[[StepContext], Any] | None,
+        retry: RetryPolicy,
     ) -> None:
         self._agent = agent_
+        self._retry = retry
         self._descriptor = descriptor
         self._parameters = parameters
         self._max_turns = max_turns
@@ -301,7 +305,7 @@ class _Runner:
             )
         else:
             check_manifest(session.started, manifest)
-        recorder = _Recorder(world, session, ctx, self._descriptor)
+        recorder = _Recorder(world, session, ctx, self._descriptor, self._retry)
         model = _RecordedModel(self._agent.model, recorder)  # type: ignore[arg-type]
         toolsets = [_RecordedToolset(t, recorder) for t in self._agent.toolsets]
         deps = None if self._deps is None else self._deps(ctx)
@@ -326,13 +330,27 @@ class _Runner:
         return output
 
 
+_TRANSIENT: tuple[type[BaseException], ...] = tuple(
+    getattr(_pai_errors, name)
+    for name in ("ModelConnectionError", "ModelRequestTimeout")
+    if isinstance(getattr(_pai_errors, name, None), type)
+)
+"""Pydantic AI's errors of a call that got no answer (those its version has)."""
+
+
 class _Recorder:
     """The session's memo as the agent's calls reach it: turn by turn, call by call."""
 
     def __init__(
-        self, world: World, session: HarnessSession, ctx: StepContext, model: _ModelDescriptor
+        self,
+        world: World,
+        session: HarnessSession,
+        ctx: StepContext,
+        model: _ModelDescriptor,
+        retry: RetryPolicy,
     ) -> None:
         self.world = world
+        self.retry = retry
         self.session = session
         self.run_id = ctx.run_id
         self.step_path = ctx.step_path
@@ -404,24 +422,32 @@ class _Recorder:
         # Committed before the request is sent.
         self.save(checked_next=True)
         guard = current_guard()
-        if guard is not None:
-            guard.before_model_call(self.step_path)
-        try:
-            live: _pm.ModelResponse = await send()
-        except ModelHTTPError as exc:
-            # Pydantic AI's own error says nothing of retrying: a status that cannot succeed
-            # later (400, 401...) must not start a new attempt, which repeats every tool call.
-            status = exc.status_code
-            raise ModelError(
-                f"{self.model.provider}:{self.model.model_id}: call failed with HTTP {status}:"
-                f" {exc}",
-                retryable=status in RETRYABLE_STATUSES or status >= 500,
-                provider=self.model.provider,
-                status=status,
-            ) from exc
-        finally:
-            if guard is not None:
-                guard.model_call_ended()
+
+        async def mapped() -> _pm.ModelResponse:
+            try:
+                live: _pm.ModelResponse = await send()
+            except ModelHTTPError as exc:
+                # Pydantic AI's own error says nothing of retrying: a status that cannot
+                # succeed later (400, 401...) must not be tried again.
+                status = exc.status_code
+                raise ModelError(
+                    f"{self.model.provider}:{self.model.model_id}: call failed with HTTP"
+                    f" {status}: {exc}",
+                    retryable=status in RETRYABLE_STATUSES or status >= 500,
+                    provider=self.model.provider,
+                    status=status,
+                ) from exc
+            except _TRANSIENT as exc:
+                # No answer at all (a dropped connection, a timeout): worth a try again.
+                raise ModelError(
+                    f"{self.model.provider}:{self.model.model_id}: call failed:"
+                    f" {type(exc).__name__}: {exc}",
+                    retryable=True,
+                    provider=self.model.provider,
+                ) from exc
+            return live
+
+        live = await call_model(mapped, step_path=self.step_path, retry=self.retry)
         response = _to_response(live, self.model)
         responded = session.trigger(
             ModelResponded, turn=turn, response=response, step_path=self.step_path

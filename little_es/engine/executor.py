@@ -293,6 +293,7 @@ async def execute_step(world: World, step: CodeStep, ctx: StepContext) -> Any:
             system=step.system,
             parameters=step.parameters,
             max_turns=step.max_turns,
+            retry=step.ir.retry,
         )
         return outcome.output
     return await call_maybe_async(step.fn, ctx, in_thread=step.run_in_thread)

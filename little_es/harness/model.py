@@ -8,21 +8,71 @@ decided by the session that uses them.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from little_es.errors import ModelConfigError, ModelError
+from little_es.harness.guard import current_guard
 from little_es.values import ModelRequest, ModelResponse, ToolCall, Usage
+from little_es.workflow.ir import RetryPolicy
 
 __all__ = [
     "Model",
     "ScriptedModel",
     "ScriptedReply",
     "ScriptedResponder",
+    "call_model",
 ]
+
+_R = TypeVar("_R")
+
+
+async def call_model(
+    send: Callable[[], Awaitable[_R]], *, step_path: str, retry: RetryPolicy | None
+) -> _R:
+    """Make one model call of a session's turn, through the step's guard.
+
+    A retryable :class:`~little_es.errors.ModelError` (a 429, a 5xx, a dropped
+    connection) is retried here, in place, by the agent step's ``retry``: at most
+    ``max_attempts`` calls in all, with its backoff between them, each checked by the
+    guard as a new call (a cancel or a spent budget stops the run with the call in
+    flight). A failed step attempt would start a new session, which makes every
+    call and tool call of the conversation again: the answers already recorded are
+    paid for, and the tools already ran. When the tries run out the error is no
+    longer retryable, for the same reason.
+    """
+    guard = current_guard()
+    limit = 1 if retry is None else retry.max_attempts
+    tries = 0
+    while True:
+        tries += 1
+        if guard is not None:
+            guard.before_model_call(step_path)
+        try:
+            return await send()
+        except ModelError as exc:
+            if not exc.retryable or limit == 1:
+                raise  # with no retry, the step has no next attempt either
+            if tries >= limit:
+                raise ModelError(
+                    f"{exc} [the call was made {tries} times (the step's retry); not retried"
+                    " as a new attempt of the step, which would"
+                    " start a new session and make its calls again: give the step a"
+                    " RetryPolicy with more max_attempts, or resume the run once the provider"
+                    " answers]",
+                    retryable=False,
+                    provider=exc.provider,
+                    status=exc.status,
+                ) from exc
+        finally:
+            if guard is not None:
+                guard.model_call_ended()
+        assert retry is not None  # tries < limit
+        await asyncio.sleep(retry.backoff_for(tries))
 
 
 class Model(Protocol):

@@ -48,12 +48,15 @@ call gets the recorded arguments. ``start_workflow`` uses it to put the
 sub-run id it reserves in the recorded arguments.
 
 Failures: a tool that raises, an unknown tool name and invalid arguments are
-recorded as ``harness.tool_call.failed`` and shown to the model. A
-:class:`~little_es.errors.ModelError` (retryable or not) propagates with the
-turn's ``harness.model.called`` left without a response; retrying is the
-runtime's step retry policy, and a retry after a recorded ``StepFailed`` is a
-new attempt, hence a new session. A process that merely crashed resumes the
-same attempt and re-invokes the model for that turn.
+recorded as ``harness.tool_call.failed`` and shown to the model. A retryable
+:class:`~little_es.errors.ModelError` is retried in place, the same turn of the
+same session, by the agent step's retry policy
+(:func:`~little_es.harness.model.call_model`); one that is not, or past those
+tries, propagates with the turn's ``harness.model.called`` left without a
+response, and fails the attempt for good: a retry after a recorded
+``StepFailed`` is a new attempt, hence a new session, which would make every
+call again. A process that merely crashed resumes the same attempt and
+re-invokes the model for that turn.
 """
 
 from __future__ import annotations
@@ -95,7 +98,7 @@ from little_es.events import (
 )
 from little_es.harness.guard import SignalWaiter, current_guard
 from little_es.harness.manifest import check_manifest, compute_manifest
-from little_es.harness.model import Model
+from little_es.harness.model import Model, call_model
 from little_es.harness.tools import Tool, ToolContext, resolve_tools, unparsed_arguments_error
 from little_es.ids import session_stream_id, validate_run_id
 from little_es.logging import get_logger
@@ -109,6 +112,7 @@ from little_es.values import (
     Usage,
 )
 from little_es.waits import Approval, WaitRequest, tool_wait_id
+from little_es.workflow.ir import RetryPolicy
 from little_es.world import World
 
 __all__ = [
@@ -261,6 +265,7 @@ async def run_agent_session(
     system: str | None = None,
     parameters: Mapping[str, Any] | None = None,
     max_turns: int = 20,
+    retry: RetryPolicy | None = None,
 ) -> SessionOutcome:
     """Run (or resume) the harness session of one attempt of an agent step.
 
@@ -275,9 +280,13 @@ async def run_agent_session(
     with the log, :class:`TurnLimitExceededError` after ``max_turns`` model
     calls without a final answer, and lets the model's
     :class:`~little_es.errors.ModelError` and
-    :class:`~little_es.errors.ConcurrencyConflictError` propagate.
+    :class:`~little_es.errors.ConcurrencyConflictError` propagate. A retryable
+    ``ModelError`` is first retried in place by ``retry`` (the agent step's policy,
+    see :func:`~little_es.harness.model.call_model`).
     """
     validate_run_id(run_id)
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise SessionInputError(f"retry must be a RetryPolicy or None, got {type(retry).__name__}")
     if not isinstance(step_path, str) or not step_path:
         raise SessionInputError(f"step_path must be a non-empty string, got {step_path!r}")
     if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
@@ -324,6 +333,7 @@ async def run_agent_session(
         tools=resolve_tools(tools),
         parameters=dict(manifest["parameters"]),
         max_turns=max_turns,
+        retry=retry,
         conversation=initial,
     )
     return await loop.run()
@@ -344,6 +354,7 @@ class _SessionLoop:
         tools: Mapping[str, Tool],
         parameters: dict[str, Any],
         max_turns: int,
+        retry: RetryPolicy | None,
         conversation: list[Message],
     ) -> None:
         self.world = world
@@ -356,6 +367,7 @@ class _SessionLoop:
         self.tool_specs = tuple(t.spec for t in tools.values())
         self.parameters = parameters
         self.max_turns = max_turns
+        self.retry = retry
         self.conversation = conversation
         self.session_id = str(session.id)
         self.used_call_ids: set[str] = set()
@@ -456,14 +468,12 @@ class _SessionLoop:
         # the commit just before this call. A cancelled run, or one whose budget
         # is spent, stops here with the call in flight: it is made on resume.
         guard = current_guard()
-        if guard is not None:
-            guard.before_model_call(self.step_path)
-        self.model_calls_made += 1
-        try:
-            response = await self.model.complete(request)
-        finally:
-            if guard is not None:
-                guard.model_call_ended()
+
+        async def send() -> ModelResponse:
+            self.model_calls_made += 1
+            return await self.model.complete(request)
+
+        response = await call_model(send, step_path=self.step_path, retry=self.retry)
         if not isinstance(response, ModelResponse):
             raise SessionInputError(
                 f"{self._where(turn)}: {type(self.model).__name__}.complete returned"
