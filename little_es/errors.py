@@ -678,15 +678,24 @@ class LeaseLostError(RuntimeIntegrityError):
 
 
 class ModelError(LittleEsError):
-    """A model provider call failed. ``retryable`` says whether trying again can help."""
+    """A model provider call failed. ``retryable`` says whether trying again can help;
+    ``retry_after``, the seconds the provider asked to wait first (its ``Retry-After``),
+    if it said."""
 
     def __init__(
-        self, message: str, *, retryable: bool, provider: str = "", status: int | None = None
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        provider: str = "",
+        status: int | None = None,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message)
         self.retryable = retryable
         self.provider = provider
         self.status = status
+        self.retry_after = retry_after
 
 
 class ToolError(LittleEsError):

@@ -33,7 +33,8 @@ class ChatServer:
     """A chat-completions endpoint on 127.0.0.1 that answers from a queue."""
 
     base_url: str = ""
-    replies: list[tuple[int, dict[str, Any] | bytes]] = field(default_factory=list)
+    replies: list[tuple[int, Any]] = field(default_factory=list)
+    """(status, body): a dict sent as JSON, bytes as they are, or (body, headers)."""
     received: list[_Received] = field(default_factory=list)
 
 
@@ -75,9 +76,14 @@ def chat_server() -> Iterator[ChatServer]:
                 if state.replies
                 else (500, {"error": {"message": "no reply scripted", "type": "server_error"}})
             )
+            headers: dict[str, str] = {}
+            if isinstance(payload, tuple):
+                payload, headers = payload
             # Bytes are sent as they are: a proxy's page that says it is JSON.
             data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
             self.send_response(status)
+            for name, value in headers.items():
+                self.send_header(name, value)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
@@ -261,6 +267,23 @@ async def test_http_errors_map_to_model_error(
     assert isinstance(error.__cause__, openai.APIStatusError)
     # max_retries=0: the client made exactly one attempt, retrying is the runtime's call.
     assert len(chat_server.received) == 1
+
+
+@pytest.mark.parametrize(
+    ("headers", "seconds"),
+    [({"retry-after-ms": "1500"}, 1.5), ({"retry-after": "7"}, 7.0), ({}, None)],
+)
+async def test_a_refusal_says_how_long_the_provider_asked_to_wait(
+    chat_server: ChatServer,
+    model: OpenAIChatModel,
+    headers: dict[str, str],
+    seconds: float | None,
+) -> None:
+    body = {"error": {"message": "slow down", "type": "rate_limit"}}
+    chat_server.replies = [(429, (body, headers))]
+    with pytest.raises(ModelError) as info:
+        await model.complete(ModelRequest(messages=(Message(role="user", content="hi"),)))
+    assert info.value.retryable and info.value.retry_after == seconds
 
 
 async def test_connection_refused_is_retryable() -> None:

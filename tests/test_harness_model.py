@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from little_es.errors import ModelConfigError, ModelError
 from little_es.harness.model import Model, ScriptedModel, ScriptedReply
 from little_es.values import Message, ModelRequest, ModelResponse, ToolCall, Usage
+from little_es.workflow.ir import RetryPolicy
 
 
 def _request(*assistant_turns: str) -> ModelRequest:
@@ -152,3 +154,50 @@ async def test_scripted_model_satisfies_the_protocol() -> None:
         return model.provider, model.model_id, response.content
 
     assert await ask(_script()) == ("acme", "acme-1", "second")
+
+
+def test_retry_after_reads_the_providers_headers() -> None:
+    from email.utils import format_datetime
+
+    from little_es.contrib._provider import retry_after
+
+    later = format_datetime(datetime.now(UTC) + timedelta(seconds=30), usegmt=True)
+    assert retry_after({"retry-after-ms": "250", "retry-after": "9"}) == 0.25
+    assert retry_after({"retry-after": "9"}) == 9.0
+    assert 25 < (retry_after({"retry-after": later}) or 0) <= 30
+    for useless in ("soon", "-3", "0", "nan", "inf", "Mon, 01 Jan 1990 00:00:00 GMT"):
+        assert retry_after({"retry-after": useless}) is None, useless
+    assert retry_after({}) is None
+
+
+async def test_a_call_is_tried_again_in_place_after_the_wait_the_provider_asked_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from little_es.harness import model as model_module
+
+    waited: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waited.append(seconds)
+
+    monkeypatch.setattr(model_module.asyncio, "sleep", sleep)
+    answers: list[object] = [
+        ModelError("429", retryable=True, retry_after=4.0),
+        ModelError("503", retryable=True),
+        "ok",
+    ]
+
+    async def send() -> str:
+        answer = answers.pop(0)
+        if isinstance(answer, ModelError):
+            raise answer
+        return str(answer)
+
+    retry = RetryPolicy(max_attempts=3, initial_backoff_s=1.0)
+    assert await model_module.call_model(send, step_path="a", retry=retry) == "ok"
+    assert waited == [4.0, 2.0]  # the provider's wait, then the policy's own backoff
+    # A refusal for good is not tried again, whatever the policy.
+    answers[:] = [ModelError("400", retryable=False), "never"]
+    with pytest.raises(ModelError, match=r"^400$"):
+        await model_module.call_model(send, step_path="a", retry=retry)
+    assert answers == ["never"]

@@ -9,7 +9,10 @@ which variable holds the API key).
 
 from __future__ import annotations
 
+import email.utils
+import math
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import ClassVar
 
 import orjson
@@ -18,6 +21,30 @@ from little_es.errors import ModelError
 from little_es.values import JSONValue
 
 RETRYABLE_STATUSES = frozenset({408, 409, 429})
+
+
+def retry_after(headers: Mapping[str, str]) -> float | None:
+    """The seconds a provider's answer asks a client to wait before it tries again:
+    ``retry-after-ms`` (OpenAI's and Anthropic's), else ``Retry-After`` in seconds or as an
+    HTTP date; None when it says nothing usable."""
+    try:
+        ms = headers.get("retry-after-ms")
+        if ms is not None:
+            seconds = float(ms) / 1000
+        else:
+            text = headers.get("retry-after")
+            if text is None:
+                return None
+            try:
+                seconds = float(text)
+            except ValueError:
+                when = email.utils.parsedate_to_datetime(text)
+                seconds = (when - datetime.now(UTC)).total_seconds()
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return seconds if math.isfinite(seconds) and seconds > 0 else None
+
+
 """Statuses where the same request can succeed later: timeout, conflict, rate limit (and
 every 5xx)."""
 
@@ -80,24 +107,35 @@ class ProviderModel:
         except TypeError as exc:
             raise error(f"{what} must be JSON values ({exc})") from exc
 
-    def _error(self, detail: str, *, retryable: bool, status: int | None = None) -> ModelError:
+    def _error(
+        self,
+        detail: str,
+        *,
+        retryable: bool,
+        status: int | None = None,
+        retry_after: float | None = None,
+    ) -> ModelError:
         return ModelError(
             f"{self._provider} model {self._model_id!r}: {detail}",
             retryable=retryable,
             provider=self._provider,
             status=status,
+            retry_after=retry_after,
         )
 
     def _parameter_error(self, message: str) -> ModelError:
         return self._error(message, retryable=False)
 
-    def _status_error(self, status: int, message: str) -> ModelError:
-        """The error of a call the provider answered with HTTP ``status``."""
+    def _status_error(
+        self, status: int, message: str, headers: Mapping[str, str] | None = None
+    ) -> ModelError:
+        """The error of a call the provider answered with HTTP ``status`` (and ``headers``)."""
         retryable = status in RETRYABLE_STATUSES or status >= 500
         return self._error(
             f"call failed with HTTP {status}: {message}; {self._advice(status, retryable)}",
             retryable=retryable,
             status=status,
+            retry_after=retry_after(headers) if retryable and headers is not None else None,
         )
 
     def _advice(self, status: int, retryable: bool) -> str:

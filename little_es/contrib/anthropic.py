@@ -177,7 +177,7 @@ class AnthropicModel(ProviderModel):
                 extra_body=body,
             )
         except anthropic.APIStatusError as exc:
-            raise self._status_error(exc.status_code, exc.message) from exc
+            raise self._status_error(exc.status_code, exc.message, exc.response.headers) from exc
         except anthropic.APIConnectionError as exc:
             # APITimeoutError is a subclass: both mean the request may not have
             # reached the model, so trying again can help.

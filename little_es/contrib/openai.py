@@ -127,7 +127,7 @@ class OpenAIChatModel(ProviderModel):
                 extra_body=body,
             )
         except openai.APIStatusError as exc:
-            raise self._status_error(exc.status_code, exc.message) from exc
+            raise self._status_error(exc.status_code, exc.message, exc.response.headers) from exc
         except openai.APIConnectionError as exc:
             # APITimeoutError is a subclass: both mean the request may not have
             # reached the model, so trying again can help.

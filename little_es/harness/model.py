@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from little_es.errors import ModelConfigError, ModelError
 from little_es.harness.guard import current_guard
 from little_es.values import ModelRequest, ModelResponse, ToolCall, Usage
-from little_es.workflow.ir import RetryPolicy
+from little_es.workflow.ir import MAX_BACKOFF_S, RetryPolicy
 
 __all__ = [
     "Model",
@@ -40,10 +40,11 @@ async def call_model(
     connection) is retried here, in place, by the agent step's ``retry``: at most
     ``max_attempts`` calls in all, with its backoff between them, each checked by the
     guard as a new call (a cancel or a spent budget stops the run with the call in
-    flight). A failed step attempt would start a new session, which makes every
-    call and tool call of the conversation again: the answers already recorded are
-    paid for, and the tools already ran. When the tries run out the error is no
-    longer retryable, for the same reason.
+    flight); never sooner than the provider asked (``ModelError.retry_after``). A
+    failed step attempt would start a new session, which makes every call and tool
+    call of the conversation again: the answers already recorded are paid for, and
+    the tools already ran. When the tries run out the error is no longer retryable,
+    for the same reason.
     """
     guard = current_guard()
     limit = 1 if retry is None else retry.max_attempts
@@ -67,12 +68,17 @@ async def call_model(
                     retryable=False,
                     provider=exc.provider,
                     status=exc.status,
+                    retry_after=exc.retry_after,
                 ) from exc
+            assert retry is not None  # tries < limit
+            delay = retry.backoff_for(tries)
+            if exc.retry_after is not None:
+                # Sooner than the provider asked would only spend a try.
+                delay = min(max(delay, exc.retry_after), MAX_BACKOFF_S)
         finally:
             if guard is not None:
                 guard.model_call_ended()
-        assert retry is not None  # tries < limit
-        await asyncio.sleep(retry.backoff_for(tries))
+        await asyncio.sleep(delay)
 
 
 class Model(Protocol):
