@@ -32,7 +32,9 @@ import _temporal_worker_proc as proc
 import orjson
 import pytest
 from little_es_temporal import (
+    ChildWorkflowEndedError,
     DevServer,
+    LittleActivities,
     RunDone,
     StepTimeouts,
     TemporalAdapterError,
@@ -42,13 +44,21 @@ from little_es_temporal import (
     start_run,
 )
 from little_es_temporal import cancel_run as cancel_on_temporal
+from little_es_temporal.errors import to_application_error
+from little_es_temporal.models import (
+    REFUSED_MARKER,
+    RunFailure,
+    RunInput,
+    StepInput,
+    SubRunFailure,
+)
 from little_es_temporal.workflow import (
     BRANCH_REFUSAL_PATCH,
     SUB_RUN_LIMIT_PATCH,
     SUBWORKFLOW_PATCH,
 )
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowHistory
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.service import RPCError
 
 import tests._outer_loop_proc as loops
@@ -74,7 +84,7 @@ from little_es.ids import session_stream_id, step_lease_id
 from little_es.orchestrator import start_workflow_tool, sub_run_id_for_call
 from little_es.outer_loop import encode_view, load_outer_loop, loop_view, run_outer_loop
 from little_es.replay import replay_run
-from little_es.values import Budget, ModelRequest, ToolCall, Usage
+from little_es.values import Budget, ErrorInfo, ModelRequest, ToolCall, Usage
 from little_es.workflow.authoring import Workflow, agent, parallel, subworkflow, task
 from little_es.workflow.context import StepContext
 from little_es.workflow.ir import RetryPolicy
@@ -1605,6 +1615,207 @@ async def test_a_cancelled_sub_run_stops_its_parent_on_temporal_as_locally(
         assert state.error is None
     log = world.read_run_log("run_pc")
     assert not [e for e in log if e.wire_name in ("StepFailed", "RunFailed")]
+
+
+# ------------------------------------------- a child workflow ended outside little_es
+
+_ENDED_CALLS: Counter[str] = Counter()
+"""Real invocations of the ``t_ended_*`` workflows' steps and model, by name."""
+_HOLD = {"on": True}
+
+
+def _ended_before(ctx: StepContext) -> str:
+    _ENDED_CALLS["before"] += 1
+    return "before"
+
+
+async def _ended_hold(ctx: StepContext) -> str:
+    _ENDED_CALLS["hold"] += 1
+    if _HOLD["on"]:
+        try:
+            # Held until its activity is cancelled: its workflow ended, the heartbeat says so.
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            _ENDED_CALLS["hold cancelled"] += 1
+            raise
+    return "held"
+
+
+def _ended_after(ctx: StepContext) -> str:
+    _ENDED_CALLS["after"] += 1
+    return "after"
+
+
+def _ended_done(ctx: StepContext) -> str:
+    _ENDED_CALLS["done"] += 1
+    return "done"
+
+
+def _start_one_child(request: ModelRequest) -> ScriptedReply:
+    _ENDED_CALLS["model"] += 1
+    if not any(m.role == "assistant" for m in request.messages):
+        call = ToolCall(
+            id="c1",
+            name="start_workflow",
+            arguments={"workflow_id": "t_ended_child", "input": {}},
+        )
+        return ScriptedReply(content="starting", tool_calls=(call,))
+    results = [m.content for m in request.messages if m.role == "tool"]
+    return ScriptedReply(content=" | ".join(map(str, results)))
+
+
+_ENDED_CHILD = Workflow(
+    "t_ended_child",
+    version="1",
+    steps=[task("before", _ended_before), task("hold", _ended_hold), task("after", _ended_after)],
+)
+"""A sub-run whose second step is held until its child workflow is ended in Temporal."""
+_ENDED_PARENTS = {
+    "orchestrator": Workflow(
+        "t_ended_orchestrator",
+        version="1",
+        steps=[
+            agent(
+                "plan",
+                model=ScriptedModel(respond=_start_one_child),
+                tools=[start_workflow_tool([_ENDED_CHILD])],
+                prompt="Start one",
+            )
+        ],
+    ),
+    "subworkflow": Workflow(
+        "t_ended_subworkflow",
+        version="1",
+        steps=[subworkflow("sub", _ENDED_CHILD), task("done", _ended_done)],
+    ),
+}
+_ENDED_STEP = {"orchestrator": "plan", "subworkflow": "sub"}
+_FAILURES = {"StepFailed", "RunFailed", "harness.tool_call.failed"}
+
+
+@pytest.mark.backends("memory")
+@pytest.mark.parametrize(
+    ("kind", "how"),
+    [
+        ("orchestrator", "terminate"),
+        ("subworkflow", "terminate"),
+        ("orchestrator", "cancel"),
+        ("subworkflow", "cancel"),
+    ],
+)
+async def test_a_child_workflow_ended_outside_little_es_refuses_its_parent_then_both_resume(
+    client: Client, world: World, tmp_path: Path, kind: str, how: str
+) -> None:
+    """A sub-run's child workflow terminated (or cancelled) in Temporal while its log shows
+    it running is no failure of the parent's step or tool call: the parent refuses, records
+    nothing, and run again resumes the sub-run from its log, as a killed local process is."""
+    parent = _ENDED_PARENTS[kind]
+    run_id = f"run_ended_{kind}_{how}"
+    _HOLD["on"] = False
+    with local_world(tmp_path / "local") as local:
+        expected = await run_workflow(local, parent, {}, run_id=run_id)
+    _ENDED_CALLS.clear()
+    _HOLD["on"] = True
+    queue = _queue()
+    engine = TemporalEngine(client, task_queue=queue, timeouts=_FAST)
+    async with create_worker(client, world, workflows=[parent], task_queue=queue):
+        driving = asyncio.ensure_future(engine.run(world, parent, {}, run_id=run_id))
+        sub = await _first_sub_run(world, run_id)
+        await _wait_until(lambda: _ENDED_CALLS["hold"] == 1)
+        logged = _events(world, run_id)  # its run stream and its harness session's
+        child = client.get_workflow_handle(sub)
+        if how == "terminate":
+            await child.terminate(reason="an operator ended it in Temporal")
+        else:
+            await child.cancel()
+        with pytest.raises(ChildWorkflowEndedError) as refused:
+            await asyncio.wait_for(driving, 60)
+        message = str(refused.value)
+        assert sub in message and run_id in message and "running" in message
+        assert "start run" in message and "again" in message
+        # The parent's workflow ended with the adapter's refusal, non-retryable.
+        with pytest.raises(WorkflowFailureError) as failure:
+            await client.get_workflow_handle(run_id).result()
+        cause = failure.value.cause
+        assert isinstance(cause, ActivityError) and isinstance(cause.cause, ApplicationError)
+        assert cause.cause.type == "ChildWorkflowEndedError" and cause.cause.non_retryable
+        assert cause.cause.details[0] == REFUSED_MARKER
+        # Nothing was appended to the parent: no tool call failure, no StepFailed, no
+        # RunFailed, no new harness session; the child's log shows it running, unfailed.
+        assert _events(world, run_id) == logged
+        state = replay_run(world, run_id).state
+        assert state.status == "running" and state.error is None
+        assert state.steps[_ENDED_STEP[kind]].status == "running"
+        assert state.steps[_ENDED_STEP[kind]].attempts == 1
+        child_log = [e.wire_name for e in world.read_run_log(sub)]
+        assert "RunFailed" not in child_log and "StepFailed" not in child_log
+        assert replay_run(world, sub).state.status == "running"
+        # The held attempt's activity learns from its heartbeat that its workflow is gone.
+        await _wait_until(lambda: _ENDED_CALLS["hold cancelled"] == 1, timeout=30)
+        _HOLD["on"] = False
+        output = await asyncio.wait_for(engine.run(world, parent, {}, run_id=run_id), 60)
+        history = await client.get_workflow_handle(run_id).fetch_history()
+        resumed = await client.get_workflow_handle(sub).describe()
+    assert output == expected.output
+    assert resumed.status is not None and resumed.status.name == "COMPLETED"
+    # The child's committed step never ran again; the one in flight ran again, once.
+    once = {"model": 2} if kind == "orchestrator" else {"done": 1}
+    assert dict(_ENDED_CALLS) == {"before": 1, "hold": 2, "hold cancelled": 1, "after": 1, **once}
+    state = replay_run(world, run_id).state
+    assert state.status == "completed"
+    assert state.steps[_ENDED_STEP[kind]].attempts == 1
+    assert replay_run(world, sub).state.steps["before"].attempts == 1
+    log = [e.wire_name for e in world.read_run_log(run_id)]
+    assert not _FAILURES & set(log)
+    assert log.count("harness.session.started") == (1 if kind == "orchestrator" else 0)
+    await _replay_history(history)
+
+
+@pytest.mark.backends("memory")
+async def test_the_older_subworkflow_path_refuses_a_child_ended_with_its_log_unfinished(
+    world: World,
+) -> None:
+    """Histories from before hosted subworkflow steps report a child's end to
+    ``fail_subworkflow``: a child whose log shows it running is refused there (recorded as
+    nothing, marked a refusal), one whose log shows it failed is still the step's failure."""
+    parent = _ENDED_PARENTS["subworkflow"]
+    activities = LittleActivities(world, [parent])
+
+    def run_input(wf: Workflow, run_id: str, **fields: Any) -> RunInput:
+        return RunInput(
+            run_id=run_id,
+            workflow_id=wf.id,
+            workflow_version=wf.version,
+            ir_hash=wf.ir_hash,
+            input={},
+            **fields,
+        )
+
+    await activities.start_run(run_input(parent, "run_old_path"))
+    plan = await activities.begin_subworkflow(StepInput(run_id="run_old_path", step_path="sub"))
+    assert plan.sub_run_id is not None
+    await activities.start_run(
+        run_input(
+            _ENDED_CHILD, plan.sub_run_id, parent_run_id="run_old_path", parent_step_path="sub"
+        )
+    )
+    terminated = SubRunFailure(
+        run_id="run_old_path",
+        step_path="sub",
+        error=ErrorInfo(type="TerminatedError", message="Workflow execution terminated"),
+    )
+    logged = _events(world, "run_old_path")
+    with pytest.raises(ChildWorkflowEndedError, match="running") as refused:
+        await activities.fail_subworkflow(terminated)
+    assert _events(world, "run_old_path") == logged
+    marked = to_application_error(refused.value)
+    assert marked.details == (REFUSED_MARKER,) and marked.non_retryable
+    # A child that failed in its log: the step's failure, as before.
+    failed = ErrorInfo(type="ValueError", message="the child failed")
+    await activities.fail_run(RunFailure(run_id=plan.sub_run_id, error=failed))
+    retry = await activities.fail_subworkflow(terminated)
+    assert not retry.will_retry
+    assert [e.wire_name for e in world.read_run_log("run_old_path")][-1] == "StepFailed"
 
 
 # ------------------------------------------------------------ worker threads on Temporal

@@ -18,7 +18,11 @@ the call in flight runs again; a run's log (the same as a local run's) serves
 from little_es_temporal.activities import LittleActivities, WorkflowRegistry
 from little_es_temporal.devserver import DevServer, DevServerError, TemporalBinaryNotFoundError
 from little_es_temporal.engine import TemporalEngine
-from little_es_temporal.errors import TemporalAdapterError, UnregisteredWorkflowError
+from little_es_temporal.errors import (
+    ChildWorkflowEndedError,
+    TemporalAdapterError,
+    UnregisteredWorkflowError,
+)
 from little_es_temporal.interceptor import LittleInterceptor, StepBusyError
 from little_es_temporal.models import RunDone, RunInput, StepDone, StepTimeouts
 from little_es_temporal.worker import (
@@ -36,6 +40,7 @@ from little_es_temporal.workflow import WORKFLOW_TYPE, LittleRunWorkflow
 __all__ = [
     "DEFAULT_TASK_QUEUE",
     "WORKFLOW_TYPE",
+    "ChildWorkflowEndedError",
     "DevServer",
     "DevServerError",
     "LittleActivities",

@@ -63,7 +63,12 @@ from little_es.workflow.authoring import AgentStep, ParallelStep, SubworkflowSte
 from little_es.workflow.context import StepContext
 from little_es.workflow.paths import parse_step_path
 from little_es.world import World
-from little_es_temporal.errors import TemporalAdapterError, UnregisteredWorkflowError, gave_up_error
+from little_es_temporal.errors import (
+    ChildWorkflowEndedError,
+    TemporalAdapterError,
+    UnregisteredWorkflowError,
+    gave_up_error,
+)
 from little_es_temporal.models import (
     BEGIN_SUBWORKFLOW,
     COMPLETE_GROUP,
@@ -100,6 +105,24 @@ __all__ = [
 ]
 
 _log = get_logger()
+
+_UNFINISHED = ("pending", "running", "waiting")
+"""The statuses of a run that has not ended: a child workflow that ended with its run so
+was ended outside little_es (terminated, cancelled, timed out in Temporal)."""
+
+
+def child_ended_error(
+    run_id: str, fold: RunFold, parent_run_id: str, step_path: str
+) -> ChildWorkflowEndedError:
+    """The refusal for sub-run ``run_id``, whose child workflow ended with its log unfinished."""
+    return ChildWorkflowEndedError(
+        f"sub-run {run_id!r} of step {step_path!r} of run {parent_run_id!r}: its child"
+        f" workflow ended but its log shows it {fold.status}, unfinished: the workflow was"
+        " ended outside little_es (terminated, cancelled or timed out in Temporal). Nothing"
+        f" was recorded for it in run {parent_run_id!r}; start run {parent_run_id!r} again"
+        " (start_run or TemporalEngine.run with the same run id) to resume it and its"
+        " sub-run, which continues from its log"
+    )
 
 
 # ---------------------------------------------------------------------- registry
@@ -213,6 +236,9 @@ class TemporalSubRunHost(SubRunHost):
     resuming from its own log, as ``run_workflow`` would. A cancelled one stops
     the step as it does locally (:class:`~little_es.errors.RunCancelledError`),
     and one whose wait timed out fails it (:class:`~little_es.errors.SubRunTimedOutError`).
+    One whose child workflow ended while its log shows it unfinished (terminated or
+    cancelled in Temporal) is a refusal (:class:`~little_es_temporal.ChildWorkflowEndedError`):
+    nothing is recorded, and the parent run, started again, hosts it again.
     """
 
     def __init__(self, activities: LittleActivities, hosted: Iterable[str]) -> None:
@@ -238,6 +264,12 @@ class TemporalSubRunHost(SubRunHost):
                 # records the stop as its own outcome. (Not hosted just now, the child is
                 # hosted again instead, and resumes under the budget as it is.)
                 raise self._budget_stop(request.run_id)
+            if fold is not None and fold.status in _UNFINISHED:
+                # Not the step's failure: the log says the sub-run is unfinished, as after a
+                # killed process, which a resume continues.
+                raise child_ended_error(
+                    request.run_id, fold, request.parent_run_id, request.parent_step_path
+                )
             raise TemporalAdapterError(
                 f"sub-run {request.run_id!r}: its child workflow ended but its log shows it"
                 f" {fold.status if fold is not None else 'not started'}: see that workflow's"
@@ -547,13 +579,21 @@ class LittleActivities:
 
         The error recorded is the one the local scheduler records: what the child's
         failure raises (:func:`~little_es.engine.executor.failed_run_error`) when its
-        log says it failed, else what Temporal reported.
+        log says it failed, else what Temporal reported. A child whose log shows it
+        unfinished (its workflow terminated or cancelled in Temporal) is a refusal
+        instead (:class:`~little_es_temporal.ChildWorkflowEndedError`), recorded as
+        nothing. (Only histories from before
+        :data:`~little_es_temporal.workflow.SUBWORKFLOW_PATCH` call this; newer ones read
+        the child's log in the step activity.)
         """
+        sub_run_id = sub_run_id_for(input.run_id, input.step_path)
+        child = self.runs.recorder(sub_run_id)
+        if child is not None and child.fold.status in _UNFINISHED:
+            raise child_ended_error(sub_run_id, child.fold, input.run_id, input.step_path)
         executor, begun = await self._begun_subworkflow(
             StepInput(run_id=input.run_id, step_path=input.step_path)
         )
         error = input.error
-        child = self.runs.recorder(sub_run_id_for(input.run_id, input.step_path))
         if child is not None and child.fold.status == "failed" and child.fold.error:
             assert child.fold.run_id is not None
             error = ErrorInfo.from_exception(failed_run_error(child.fold.run_id, child.fold))

@@ -8,7 +8,10 @@ resumed while a cycle's workflow is still running on Temporal (it crashed, the
 workflow did not) waits for that workflow instead of starting another. A run
 that waits for a signal (or one of its sub-runs) stops the caller with
 ``RunWaitingError``, as ``run_workflow`` does: the workflow waits on, and the
-caller's next call, once the run is signalled, joins it.
+caller's next call, once the run is signalled, joins it. A run whose sub-run's child
+workflow was ended outside little_es stops the caller with
+:class:`~little_es_temporal.ChildWorkflowEndedError`, nothing recorded: the next call
+resumes both.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from little_es.engine.executor import failed_run_error, waiting_error
 from little_es.errors import RunWaitingError
 from little_es.workflow.authoring import Workflow
 from little_es.world import World
-from little_es_temporal.errors import TemporalAdapterError
+from little_es_temporal.errors import TemporalAdapterError, refusal_error
 from little_es_temporal.models import StepTimeouts
 from little_es_temporal.worker import DEFAULT_TASK_QUEUE, start_run
 
@@ -90,6 +93,11 @@ class TemporalEngine(RunEngine):
             fold = _fold(world, run_id)
             if fold is not None and fold.status == "failed" and fold.error is not None:
                 raise failed_run_error(run_id, fold) from exc
+            refused = refusal_error(exc)
+            if refused is not None:
+                # The adapter's own refusal (a sub-run's child workflow ended outside
+                # little_es): raised as itself, as a local run raises a refusal.
+                raise refused from exc
             raise TemporalAdapterError(
                 f"run {run_id!r} stopped on Temporal without failing in its log"
                 f" ({fold.status if fold is not None else 'not started'}): {exc.cause}; see the"

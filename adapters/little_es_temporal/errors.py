@@ -20,10 +20,12 @@ from little_es.values import ErrorInfo
 from little_es_temporal.models import GAVE_UP_MARKER, REFUSED_MARKER
 
 __all__ = [
+    "ChildWorkflowEndedError",
     "TemporalAdapterError",
     "UnregisteredWorkflowError",
     "gave_up_error",
     "non_retryable",
+    "refusal_error",
     "to_application_error",
 ]
 
@@ -34,6 +36,19 @@ class TemporalAdapterError(LittleEsError):
 
 class UnregisteredWorkflowError(TemporalAdapterError, LookupError):
     """A run names a workflow (id and IR hash) that this worker was not given."""
+
+
+class ChildWorkflowEndedError(TemporalAdapterError, RuntimeIntegrityError):
+    """A sub-run's child workflow ended while the sub-run's log shows it unfinished.
+
+    The workflow was ended outside little_es (``temporal workflow terminate`` or
+    ``cancel``, the UI, an execution timeout): the log says the run is not done, as
+    after a killed process, so it is not the parent's step's failure. A refusal:
+    nothing is recorded in the parent (no tool call failure, no ``StepFailed``, no
+    ``RunFailed``, no new harness session), its workflow fails with this error, and
+    starting the parent run again resumes it and hosts the sub-run again, which
+    continues from its own log.
+    """
 
 
 def non_retryable(exc: BaseException) -> bool:
@@ -67,6 +82,32 @@ def to_application_error(exc: BaseException) -> ApplicationError:
         type=type(exc).__qualname__,
         non_retryable=non_retryable(exc),
     )
+
+
+_REFUSALS: dict[str, type[LittleEsError]] = {
+    ChildWorkflowEndedError.__qualname__: ChildWorkflowEndedError,
+}
+"""The adapter's own refusals, by the type name their Temporal failures carry."""
+
+
+def refusal_error(failure: BaseException) -> LittleEsError | None:
+    """The adapter's refusal that ended a workflow, rebuilt from its Temporal ``failure``.
+
+    Looks down the failure's causes for the refusal (:data:`REFUSED_MARKER`) of one of
+    the adapter's own refusals (:class:`ChildWorkflowEndedError`); None when there is
+    none, so a caller such as ``TemporalEngine`` raises what a local run would.
+    """
+    inner: BaseException | None = failure
+    while inner is not None:
+        if (
+            isinstance(inner, ApplicationError)
+            and inner.details
+            and inner.details[0] == REFUSED_MARKER
+        ):
+            kind = _REFUSALS.get(inner.type or "")
+            return None if kind is None else kind(inner.message)
+        inner = getattr(inner, "cause", None)
+    return None
 
 
 def gave_up_error(message: str, error: ErrorInfo) -> ApplicationError:
