@@ -54,6 +54,7 @@ from little_es_temporal.models import (
 )
 from little_es_temporal.workflow import (
     BRANCH_REFUSAL_PATCH,
+    RUN_SUB_RUN_LIMIT_PATCH,
     SUB_RUN_LIMIT_PATCH,
     SUBWORKFLOW_PATCH,
 )
@@ -1936,10 +1937,55 @@ async def test_start_workflow_max_concurrency_bounds_child_workflows_on_temporal
         assert replay_run(world, sub_run_id).state.status == "completed"
         child = await client.get_workflow_handle(sub_run_id).describe()
         assert child.status is not None and child.status.name == "COMPLETED"
-    assert SUB_RUN_LIMIT_PATCH in _patches(history)
+    assert RUN_SUB_RUN_LIMIT_PATCH in _patches(history)
+    assert SUB_RUN_LIMIT_PATCH not in _patches(history)
     await _replay_history(history)
     if os.environ.get(_WRITE_HISTORIES):
-        (_HISTORIES / "orchestrator_bounded.json").write_text(history.to_json())
+        (_HISTORIES / "orchestrator_bounded_per_run.json").write_text(history.to_json())
+
+
+_TWO_BOUNDED_ORCHESTRATORS = Workflow(
+    "t_two_bounded_orchestrators",
+    version="1",
+    steps=[
+        parallel(
+            "fan",
+            branches=lambda ctx: ["a", "b"],
+            step=agent(
+                "plan",
+                model=ScriptedModel(respond=_fan_out_three),
+                tools=[start_workflow_tool([_TIMED_ITEM], max_concurrency=2)],
+                prompt="Fan out 3",
+            ),
+        )
+    ],
+)
+"""Two orchestrators at once in one run, three sub-runs each, the tool's bound two."""
+
+
+@pytest.mark.backends("memory")
+async def test_start_workflow_max_concurrency_bounds_the_whole_run_on_temporal_as_locally(
+    client: Client, world: World, tmp_path: Path
+) -> None:
+    # The bound is the parent run's: the two branches' six children share two places, on
+    # Temporal too, where each step used to get its own two.
+    with local_world(tmp_path / "local") as local:
+        _SPANS.clear()
+        expected = await run_workflow(local, _TWO_BOUNDED_ORCHESTRATORS, {}, run_id="run_two")
+        assert len(_SPANS) == 6 and _most_at_once(_SPANS) == 2
+    _SPANS.clear()
+    queue = _queue()
+    workflows = [_TWO_BOUNDED_ORCHESTRATORS, _TIMED_ITEM]
+    async with create_worker(client, world, workflows=workflows, task_queue=queue):
+        handle = await start_run(
+            client, _TWO_BOUNDED_ORCHESTRATORS, run_id="run_two", task_queue=queue
+        )
+        done = await handle.result()
+        history = await handle.fetch_history()
+    assert len(_SPANS) == 6 and _most_at_once(_SPANS) == 2
+    assert done.output == expected.output
+    assert RUN_SUB_RUN_LIMIT_PATCH in _patches(history)
+    await _replay_history(history)
 
 
 # ------------------------------------------------------------ outer loops on Temporal

@@ -82,6 +82,7 @@ with workflow.unsafe.imports_passed_through():
 __all__ = [
     "BRANCH_REFUSAL_PATCH",
     "BUDGET_SUB_RUN_PATCH",
+    "RUN_SUB_RUN_LIMIT_PATCH",
     "SUBWORKFLOW_PATCH",
     "SUB_RUNS_PATCH",
     "SUB_RUN_LIMIT_PATCH",
@@ -132,6 +133,10 @@ SUB_RUNS_PATCH = "little_es.step-hosted-sub-runs"
 
 SUB_RUN_LIMIT_PATCH = "little_es.sub-run-max-concurrency"
 """The patch id of a step's child workflows started at most ``max_concurrency`` at once."""
+
+RUN_SUB_RUN_LIMIT_PATCH = "little_es.sub-run-max-concurrency-per-run"
+"""The patch id of child workflows started at most ``max_concurrency`` at once in the whole
+run, as locally (the steps of a parallel group share the bound), not in each step."""
 
 TIMED_OUT_SUB_RUN_PATCH = "little_es.timed-out-sub-run-fails-its-step"
 """The patch id of a hosted child whose wait timed out, left to its step to fail on (asked
@@ -218,6 +223,8 @@ class LittleRunWorkflow:
         self._timeouts = StepTimeouts()
         self._input: RunInput | None = None
         self._signalled: set[str] = set()
+        # One gate per bound, shared by every step of the run that asks with it.
+        self._sub_run_gates: dict[int, asyncio.Semaphore] = {}
 
     @workflow.signal(name=SIGNAL_NAME)
     def signalled(self, wait_id: str) -> None:
@@ -351,11 +358,11 @@ class LittleRunWorkflow:
     async def _host(self, starts: tuple[SubRunStart, ...]) -> None:
         """Run each sub-run as a child workflow (id = sub-run id) and wait for them all.
 
-        At most the smallest ``max_concurrency`` among ``starts`` run at once
-        (``start_workflow_tool``'s bound, as the local engine applies it); none
-        given: all at once. A child that failed is left to the step, run again,
-        to read from the child's log; a refusal (or a stop) is the run's:
-        nothing more runs.
+        At most the smallest ``max_concurrency`` among ``starts`` run at once in the
+        whole run (``start_workflow_tool``'s bound per parent run, as the local engine
+        applies it: the branches of a parallel group share it); none given: all at
+        once. A child that failed is left to the step, run again, to read from the
+        child's log; a refusal (or a stop) is the run's: nothing more runs.
         """
 
         async def child(start: SubRunStart) -> None:
@@ -393,11 +400,22 @@ class LittleRunWorkflow:
                     ) from None
 
         limits = [s.max_concurrency for s in starts if s.max_concurrency is not None]
-        # Histories from before the bound started every child at once; the patch
-        # marks the ones that start them through it (only when there is a bound,
-        # so hosts without one keep their histories as they were).
+        by_key = {str(n): start for n, start in enumerate(starts)}
+        # Histories from before the bound started every child at once, and then, until
+        # it was the run's, bounded each step's children alone; each patch marks the
+        # histories that start them its way (only when there is a bound, so hosts
+        # without one keep their histories as they were).
+        if limits and workflow.patched(RUN_SUB_RUN_LIMIT_PATCH):
+            bound = min(limits)
+            gate = self._sub_run_gates.setdefault(bound, asyncio.Semaphore(bound))
+
+            async def gated(key: str) -> None:
+                async with gate:
+                    await child(by_key[key])
+
+            await gather_branches(list(by_key), None, gated)
+            return
         if limits and workflow.patched(SUB_RUN_LIMIT_PATCH):
-            by_key = {str(n): start for n, start in enumerate(starts)}
 
             async def keyed(key: str) -> None:
                 await child(by_key[key])
