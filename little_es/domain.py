@@ -13,7 +13,7 @@ reconstructs them, while their events stay frozen pydantic models.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, ClassVar, Self, TypeVar
@@ -60,7 +60,7 @@ from little_es.ids import (
 )
 from little_es.materialize import MaterializedRunState, RunFold, apply
 from little_es.pricing import RecordedPrices
-from little_es.values import Pricer, is_usage_cost_error, usage_cost_message
+from little_es.values import JSONValue, Pricer, is_usage_cost_error, usage_cost_message
 
 E = TypeVar("E", bound=Event)
 
@@ -448,6 +448,15 @@ class LoopCycle:
     def number(self) -> int:
         """The cycle's number, from 1."""
         return self.started.cycle
+
+    @property
+    def pinned(self) -> tuple[Mapping[str, JSONValue], str]:
+        """The planner manifest (and its hash) the cycle goes on under: its start's, or the
+        one its plan recorded when a resume under changed code kept the planner's answer."""
+        planned = self.planned
+        if planned is not None and planned.planner_manifest_hash is not None:
+            return planned.planner_manifest or {}, planned.planner_manifest_hash
+        return self.started.planner_manifest, self.started.planner_manifest_hash
 
     @property
     def status(self) -> str:

@@ -659,13 +659,21 @@ class OuterLoopCycleStarted(OuterLoopEvent):
 
 
 class OuterLoopCyclePlanned(OuterLoopEvent):
-    """The planner of cycle ``cycle`` answered: run the cycle, or the loop is ``done``."""
+    """The planner of cycle ``cycle`` answered: run the cycle, or the loop is ``done``.
+
+    ``planner_manifest`` and its hash are set when the cycle goes on under other code
+    than its start pinned: its planner answered (paid for) before a resume under
+    changed code, which keeps the answer and runs the cycle under the code it has. A
+    later resume looks for drift against this pin, not the start's.
+    """
 
     wire_name: ClassVar[str] = "outer_loop.cycle_planned"
 
     cycle: int = Field(ge=1)
     done: bool
     reason: str = ""
+    planner_manifest: dict[str, JSONValue] | None = None
+    planner_manifest_hash: str | None = None
 
 
 class OuterLoopCycleCompleted(OuterLoopEvent):

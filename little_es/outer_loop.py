@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -36,6 +37,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
+from little_es._strict import find_problem, has_long_digit_run
 from little_es.domain import LoopCycle, OuterLoop
 from little_es.durability import RunRecorder, cancel_run, read_output
 from little_es.engine.engines import LocalEngine, RunEngine
@@ -302,8 +304,24 @@ def _read_decision(ctx: StepContext) -> dict[str, JSONValue]:
     text = answer.strip() if isinstance(answer, str) else ""
     if text.startswith("```"):
         text = text.strip("`").removeprefix("json").strip()
+    how = (
+        'have it answer with JSON such as {"done": false, "input": {...}, "reason": "..."}'
+        ' or {"done": true}'
+    )
     try:
-        decision = PlannerDecision.model_validate_json(text)
+        # orjson, not pydantic's parser: that one reads NaN, Infinity and 1e400, which the
+        # input would record as null.
+        data = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise PlannerAnswerError(f"the planner's answer is not JSON ({exc}); {how}") from exc
+    if has_long_digit_run(text.encode()):
+        # orjson reads an integer past 64 bits as a float: another value than the answer's.
+        problem = find_problem(json.loads(text), "the planner's answer", 0)
+        if problem is not None:
+            raise PlannerAnswerError(f"{problem}; {how}")
+    try:
+        # Strict: "yes" is no answer to whether the loop is done.
+        decision = PlannerDecision.model_validate(data, strict=True)
     except ValidationError as exc:
         problems = "; ".join(err["msg"] for err in exc.errors(include_url=False))
         raise PlannerAnswerError(
@@ -638,16 +656,17 @@ class _Driver:
         """Abandon ``cycle`` (and return True) when its planner manifest is no longer the code's."""
         context = self.planner_context(cycle)
         old = cycle.started
+        pinned, pinned_hash = cycle.pinned
         manifest, manifest_hash = self.planner.manifest(
-            context, self.workflow, settings=_pins_settings(old.planner_manifest)
+            context, self.workflow, settings=_pins_settings(pinned)
         )
-        if manifest_hash == old.planner_manifest_hash:
+        if manifest_hash == pinned_hash:
             return False
-        changes = _planner_changes(old.planner_manifest, manifest)
+        changes = _planner_changes(pinned, manifest)
         self.loop.trigger(
             OuterLoopCycleAbandoned,
             cycle=cycle.number,
-            old_manifest_hash=old.planner_manifest_hash,
+            old_manifest_hash=pinned_hash,
             new_manifest_hash=manifest_hash,
             old_context_hash=old.outer_loop_context_hash,
             new_context_hash=context.context_hash,
@@ -717,8 +736,23 @@ class _Driver:
             self.save()
             return
         decision = PlannerDecision.model_validate(output)
+        # A planner that answered before this process, under other code (drive does not
+        # abandon a cycle whose planner already answered): the cycle goes on under this
+        # code, and is pinned to it, or the next resume would take that for drift.
+        started = cycle.started
+        manifest, manifest_hash = self.planner.manifest(
+            self.planner_context(cycle),
+            self.workflow,
+            settings=_pins_settings(started.planner_manifest),
+        )
+        repinned = manifest_hash != started.planner_manifest_hash
         self.loop.trigger(
-            OuterLoopCyclePlanned, cycle=cycle.number, done=decision.done, reason=decision.reason
+            OuterLoopCyclePlanned,
+            cycle=cycle.number,
+            done=decision.done,
+            reason=decision.reason,
+            planner_manifest=manifest if repinned else None,
+            planner_manifest_hash=manifest_hash if repinned else None,
         )
         if decision.done:
             self.end("planner_done")
@@ -869,7 +903,8 @@ def _open(
     if budget_usd is not None:
         asked.append(("budget_usd", budget_usd, started.budget_usd))
     if input is not None:
-        asked.append(("input", dict(input), started.input))
+        # As recorded: a tuple reads back as a list, and is the same input.
+        asked.append(("input", orjson.loads(orjson.dumps(dict(input))), started.input))
     if on_cycle_failure is not None:
         asked.append(("on_cycle_failure", on_cycle_failure, started.on_cycle_failure))
     for name, given, recorded in asked:

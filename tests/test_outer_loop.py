@@ -630,6 +630,51 @@ def test_a_kill_between_the_abandon_and_the_cancel_is_made_good_by_the_next_resu
         assert abandoned.stop_reason == "outer loop cycle 2 abandoned: its planner drifted"
 
 
+def test_a_cycle_kept_under_changed_code_is_pinned_to_it_not_abandoned_on_the_next_resume(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A planner that answered before a resume under changed code keeps its answer (paid
+    for), and the cycle runs under the new code; a later resume with that same code must
+    not take the start's older pin for drift (it abandoned the cycle, its committed work
+    with it, and paid for a new planner)."""
+    from little_es import outer_loop as outer_loop_module
+
+    with memory_world() as world:
+        wf = _waiting()
+        with monkeypatch.context() as mp:
+            # Killed right after the planner's run completed, before the loop recorded
+            # its answer.
+            finish = outer_loop_module._Driver.finish
+
+            async def die(self: Any, workflow: Any, given: Any, run_id: str) -> Any:
+                await finish(self, workflow, given, run_id)
+                raise _Killed
+
+            mp.setattr(outer_loop_module._Driver, "finish", die)
+            with pytest.raises(_Killed):
+                run_outer_loop_sync(
+                    world,
+                    planner=proc.make_planner(),
+                    workflow=wf,
+                    outer_loop_id="loop_r",
+                    max_cycles=3,
+                )
+        assert replay_run(world, "loop_r.cycle-1.plan").state.status == "completed"
+        # Changed code: the answer stands, the cycle's run starts, works and waits.
+        v2 = proc.make_planner("v2")
+        with pytest.raises(RunWaitingError):
+            run_outer_loop_sync(world, planner=v2, workflow=wf, outer_loop_id="loop_r")
+        planned = load_outer_loop(world, "loop_r").cycles[1].planned
+        assert planned is not None and planned.planner_manifest_hash is not None
+        world.signal("loop_r.cycle-1", "go", {"ok": True})
+        with pytest.raises(RunWaitingError):  # the same code again: cycle 2's run waits
+            run_outer_loop_sync(world, planner=v2, workflow=wf, outer_loop_id="loop_r")
+        loop = load_outer_loop(world, "loop_r")
+        assert [loop.cycles[n].status for n in sorted(loop.cycles)] == ["completed", "pending"]
+        assert not any(isinstance(e, OuterLoopCycleAbandoned) for e in loop._events)
+        assert replay_run(world, "loop_r.cycle-1").state.steps["work"].attempts == 1
+
+
 @pytest.mark.parametrize("stop", ["timed_out", "cancelled"])
 @pytest.mark.parametrize("policy", ["stop", "continue"])
 def test_a_cycle_run_that_stopped_for_good_is_a_failed_cycle(stop: str, policy: str) -> None:
@@ -736,3 +781,34 @@ def test_the_outer_loop_example_resumes_mid_cycle_2_and_reruns_only_the_step_in_
         "the loop ended: planner_done",
     ):
         assert line in lines, done.stdout
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        '{"done": false, "input": {"lr": NaN}}',
+        '{"done": false, "input": {"lr": Infinity}}',
+        '{"done": false, "input": {"lr": 1e400}}',
+        '{"done": false, "input": {"n": 1180591620717411303424}}',
+        '{"done": "yes"}',
+    ],
+)
+def test_a_planner_answer_a_json_reader_would_misread_is_no_decision(answer: str) -> None:
+    # Pydantic's parser read NaN, Infinity and 1e400 and the input recorded them as null;
+    # it took "yes" for true.
+    from little_es.errors import PlannerAnswerError
+    from little_es.outer_loop import _read_decision
+    from little_es.workflow.context import StepContext
+
+    ctx = StepContext(run_id="L.cycle-1.plan", input={}, outputs={"plan": answer}, step_path="d")
+    with pytest.raises(PlannerAnswerError, match="have it answer with JSON"):
+        _read_decision(ctx)
+
+
+def test_a_loop_resumed_with_the_input_it_was_started_with_is_not_refused() -> None:
+    with memory_world() as world:
+        wf = _waiting()
+        given = {"lrs": (0.1, 0.03)}  # recorded as a list, the same JSON
+        _until_waiting(world, "loop_t", wf, max_cycles=3, input=given)
+        world.signal("loop_t.cycle-1", "go", {"ok": True})
+        assert _until_waiting(world, "loop_t", wf, input=given) == "loop_t.cycle-2"
