@@ -702,8 +702,19 @@ class _Driver:
 
         A run that stopped for good (:data:`_STOPPED`) is ``failed``, found before or
         after the engine ran it (which engine raises what for it differs); any other stop
-        propagates, and a resume continues.
+        propagates, and a resume continues. A run at that id of another workflow is not
+        the loop's: :class:`~little_es.errors.OuterLoopMismatchError`, nothing recorded.
         """
+        recorder = RunRecorder.load(self.world, run_id)
+        found = None if recorder is None else recorder.fold.workflow_id
+        if found is not None and found != workflow.id:
+            raise OuterLoopMismatchError(
+                f"outer loop {self.started.outer_loop_id!r}: run {run_id!r}, which the loop"
+                f" names for its {'planner' if workflow is self.planner.workflow else 'cycle'},"
+                f" is a run of workflow {found!r}, not {workflow.id!r}: it is not the loop's"
+                " (a run started under that id by something else), and the loop takes"
+                " nothing from it; run the loop under another outer_loop_id"
+            )
         status, output = _run_fold_status(self.world, run_id)
         if status in _FINISHED:
             return status, output

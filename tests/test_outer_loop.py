@@ -812,3 +812,24 @@ def test_a_loop_resumed_with_the_input_it_was_started_with_is_not_refused() -> N
         _until_waiting(world, "loop_t", wf, max_cycles=3, input=given)
         world.signal("loop_t.cycle-1", "go", {"ok": True})
         assert _until_waiting(world, "loop_t", wf, input=given) == "loop_t.cycle-2"
+
+
+@pytest.mark.parametrize("taken", ["loop_f.cycle-1.plan", "loop_f.cycle-1"])
+def test_a_run_of_another_workflow_at_a_cycles_run_id_is_not_the_loops(taken: str) -> None:
+    # It was taken as the planner's answer or the cycle's outcome, the planner never asked.
+    from little_es.engine.local import run_workflow
+    from little_es.errors import OuterLoopMismatchError
+
+    with memory_world() as world:
+        other = Workflow("unrelated", steps=[task("x", lambda ctx: {"score": 10**6})])
+        asyncio.run(run_workflow(world, other, {}, run_id=taken))
+        with pytest.raises(OuterLoopMismatchError, match="is a run of workflow 'unrelated'"):
+            run_outer_loop_sync(
+                world,
+                planner=proc.make_planner(),
+                workflow=_waiting(),
+                outer_loop_id="loop_f",
+                max_cycles=2,
+            )
+        loop = load_outer_loop(world, "loop_f")
+        assert all(c.completed is None for c in loop.cycles.values())
