@@ -159,6 +159,28 @@ class Usage(_Frozen):
     cache_write_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS)
     """Prompt tokens written to the provider's cache (priced at its cache-write rate)."""
 
+    @classmethod
+    def reported(
+        cls,
+        *,
+        input_tokens: int,
+        output_tokens: int,
+        cached_input_tokens: int = 0,
+        reasoning_tokens: int = 0,
+        cache_write_tokens: int = 0,
+    ) -> Usage:
+        """A provider's counts, each part cut to its total where a server reports it past
+        that (reasoning tokens outside the completion's, say): the answer is paid for and
+        must be recorded, and a count the totals do not hold cannot be priced."""
+        cached = min(cached_input_tokens, input_tokens)
+        return cls(
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            cached_input_tokens=cached,
+            cache_write_tokens=min(cache_write_tokens, input_tokens - cached),
+            reasoning_tokens=min(reasoning_tokens, output_tokens),
+        )
+
     @model_validator(mode="after")
     def _parts_within_totals(self) -> Usage:
         if self.cached_input_tokens + self.cache_write_tokens > self.input_tokens:

@@ -933,6 +933,11 @@ class World:
         price that is negative or not a finite number, or a naive ``effective_from``.
         """
         key = normalized_model_key(provider, model_id)
+        if effective_from is not None and not isinstance(effective_from, datetime):
+            raise PricingError(
+                f"effective_from must be a timezone-aware datetime or None, got"
+                f" {type(effective_from).__name__}: e.g. datetime(2025, 1, 1, tzinfo=UTC)"
+            )
         if effective_from is not None and effective_from.utcoffset() is None:
             raise PricingError(
                 f"effective_from must be timezone-aware, got {effective_from!r}:"

@@ -486,3 +486,21 @@ def test_the_parameters_are_the_models_request_settings_pinned_in_a_session() ->
     assert manifest[SETTINGS_KEY] == {"temperature": 0}
     plain, _ = compute_manifest(OpenAIChatModel("m", api_key="k"), (), None, None, 5)
     assert plain[SETTINGS_KEY] == {}
+
+
+async def test_an_answer_whose_usage_parts_pass_its_totals_is_kept_and_counted(
+    chat_server: ChatServer, model: OpenAIChatModel
+) -> None:
+    # Some compatible servers count reasoning tokens outside completion_tokens: the answer
+    # is paid for; it was thrown away as "cannot be used", and a resume paid again.
+    usage = {
+        "prompt_tokens": 100,
+        "completion_tokens": 50,
+        "prompt_tokens_details": {"cached_tokens": 120},
+        "completion_tokens_details": {"reasoning_tokens": 400},
+    }
+    chat_server.replies = [(200, _completion({"role": "assistant", "content": "hi"}, usage, "m"))]
+    response = await model.complete(ModelRequest(messages=(Message(role="user", content="x"),)))
+    assert response.usage == Usage(
+        input_tokens=100, output_tokens=50, cached_input_tokens=100, reasoning_tokens=50
+    )

@@ -478,3 +478,16 @@ def test_import_and_first_lookup_need_no_network() -> None:
 
     assert done.returncode == 0, done.stderr + done.stdout
     assert done.stdout.startswith("ok ")
+
+
+def test_set_model_price_refuses_an_effective_from_that_is_no_datetime() -> None:
+    from little_es import PricingError, memory_world
+
+    with memory_world() as world, pytest.raises(PricingError, match="timezone-aware datetime"):
+        world.set_model_price(
+            "p",
+            "m",
+            input_per_mtok=1,
+            output_per_mtok=1,
+            effective_from="2024-01-01",  # type: ignore[arg-type]
+        )

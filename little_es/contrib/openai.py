@@ -244,7 +244,7 @@ def _usage_from_chat(completion: ChatCompletion) -> Usage:
     usage = getattr(completion, "usage", None)
     prompt_details = getattr(usage, "prompt_tokens_details", None)
     completion_details = getattr(usage, "completion_tokens_details", None)
-    return Usage(
+    return Usage.reported(
         input_tokens=getattr(usage, "prompt_tokens", None) or 0,
         output_tokens=getattr(usage, "completion_tokens", None) or 0,
         cached_input_tokens=getattr(prompt_details, "cached_tokens", None) or 0,

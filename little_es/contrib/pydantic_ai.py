@@ -648,7 +648,7 @@ def _to_response(live: _pm.ModelResponse, model: _ModelDescriptor) -> ModelRespo
     return ModelResponse(
         content=content or None,
         tool_calls=calls,
-        usage=Usage(
+        usage=Usage.reported(
             input_tokens=usage.input_tokens,
             output_tokens=usage.output_tokens,
             cached_input_tokens=usage.cache_read_tokens,
