@@ -201,3 +201,31 @@ async def test_a_call_is_tried_again_in_place_after_the_wait_the_provider_asked_
     with pytest.raises(ModelError, match=r"^400$"):
         await model_module.call_model(send, step_path="a", retry=retry)
     assert answers == ["never"]
+
+
+async def test_a_wait_in_place_is_short_whatever_the_provider_asks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The tries are counted in the process only: a wait past a Temporal activity's
+    # timeout would start them again in the next attempt of the activity, for ever.
+    from little_es.harness import model as model_module
+
+    waited: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waited.append(seconds)
+
+    monkeypatch.setattr(model_module.asyncio, "sleep", sleep)
+
+    async def send() -> str:
+        if len(waited) < 2:
+            raise ModelError("429", retryable=True, retry_after=86_400.0)
+        return "ok"
+
+    policy = RetryPolicy(max_attempts=3, initial_backoff_s=1.0)
+    assert await model_module.call_model(send, step_path="a", retry=policy) == "ok"
+    assert waited == [model_module.MAX_IN_PLACE_WAIT_S] * 2
+    waited.clear()
+    capped = RetryPolicy(max_attempts=3, initial_backoff_s=1.0, max_backoff_s=3.0)
+    assert await model_module.call_model(send, step_path="a", retry=capped) == "ok"
+    assert waited == [3.0, 3.0]

@@ -338,6 +338,13 @@ _TRANSIENT: tuple[type[BaseException], ...] = tuple(
 """Pydantic AI's errors of a call that got no answer (those its version has)."""
 
 
+def _seconds(value: object) -> float | None:
+    """A ``retry_after`` of Pydantic AI's (its versions differ), as positive seconds."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if value > 0 else None
+
+
 class _Recorder:
     """The session's memo as the agent's calls reach it: turn by turn, call by call."""
 
@@ -436,6 +443,7 @@ class _Recorder:
                     retryable=status in RETRYABLE_STATUSES or status >= 500,
                     provider=self.model.provider,
                     status=status,
+                    retry_after=_seconds(getattr(exc, "retry_after", None)),
                 ) from exc
             except _TRANSIENT as exc:
                 # No answer at all (a dropped connection, a timeout): worth a try again.

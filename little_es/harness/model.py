@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from little_es.errors import ModelConfigError, ModelError
 from little_es.harness.guard import current_guard
 from little_es.values import ModelRequest, ModelResponse, ToolCall, Usage
-from little_es.workflow.ir import MAX_BACKOFF_S, RetryPolicy
+from little_es.workflow.ir import RetryPolicy
 
 __all__ = [
     "Model",
@@ -30,6 +30,10 @@ __all__ = [
 
 _R = TypeVar("_R")
 
+MAX_IN_PLACE_WAIT_S = 60.0
+"""The longest wait between two tries of a model call retried in place (see
+:func:`call_model`), whatever the policy's backoff or the provider's ``Retry-After``."""
+
 
 async def call_model(
     send: Callable[[], Awaitable[_R]], *, step_path: str, retry: RetryPolicy | None
@@ -40,7 +44,8 @@ async def call_model(
     connection) is retried here, in place, by the agent step's ``retry``: at most
     ``max_attempts`` calls in all, with its backoff between them, each checked by the
     guard as a new call (a cancel or a spent budget stops the run with the call in
-    flight); never sooner than the provider asked (``ModelError.retry_after``). A
+    flight); never sooner than the provider asked (``ModelError.retry_after``), and
+    never more than ``max_backoff_s`` or :data:`MAX_IN_PLACE_WAIT_S` apart. A
     failed step attempt would start a new session, which makes every call and tool
     call of the conversation again: the answers already recorded are paid for, and
     the tools already ran. When the tries run out the error is no longer retryable,
@@ -74,7 +79,11 @@ async def call_model(
             delay = retry.backoff_for(tries)
             if exc.retry_after is not None:
                 # Sooner than the provider asked would only spend a try.
-                delay = min(max(delay, exc.retry_after), MAX_BACKOFF_S)
+                delay = max(delay, exc.retry_after)
+            # Kept short: the tries are counted in this process only, and a wait that
+            # outlasted a Temporal activity's start-to-close timeout would start them
+            # again in the next one, for ever.
+            delay = min(delay, retry.max_backoff_s or MAX_IN_PLACE_WAIT_S, MAX_IN_PLACE_WAIT_S)
         finally:
             if guard is not None:
                 guard.model_call_ended()
