@@ -26,6 +26,7 @@ __all__ = [
     "gave_up_error",
     "non_retryable",
     "refusal_error",
+    "refused_failure",
     "to_application_error",
 ]
 
@@ -97,6 +98,17 @@ def refusal_error(failure: BaseException) -> LittleEsError | None:
     the adapter's own refusals (:class:`ChildWorkflowEndedError`); None when there is
     none, so a caller such as ``TemporalEngine`` raises what a local run would.
     """
+    refused = refused_failure(failure)
+    if refused is None:
+        return None
+    kind = _REFUSALS.get(refused.type or "")
+    return None if kind is None else kind(refused.message)
+
+
+def refused_failure(failure: BaseException) -> ApplicationError | None:
+    """The refusal (:data:`REFUSED_MARKER`) down ``failure``'s causes, or None: a
+    :class:`~little_es.errors.RuntimeIntegrityError` anywhere in the chain (the
+    interceptor marks it), which is not its step's failure."""
     inner: BaseException | None = failure
     while inner is not None:
         if (
@@ -104,8 +116,7 @@ def refusal_error(failure: BaseException) -> LittleEsError | None:
             and inner.details
             and inner.details[0] == REFUSED_MARKER
         ):
-            kind = _REFUSALS.get(inner.type or "")
-            return None if kind is None else kind(inner.message)
+            return inner
         inner = getattr(inner, "cause", None)
     return None
 

@@ -50,6 +50,7 @@ with workflow.unsafe.imports_passed_through():
     from little_es.errors import RuntimeIntegrityError, VisitLimitError, WorkflowChangedError
     from little_es.values import ErrorInfo
     from little_es.workflow.ir import RetryPolicy, StepIR
+    from little_es_temporal.errors import refused_failure
     from little_es_temporal.models import (
         BEGIN_SUBWORKFLOW,
         COMPLETE_GROUP,
@@ -178,26 +179,11 @@ def _gave_up(error: BaseException) -> bool:
     )
 
 
-def _refused(error: BaseException) -> ApplicationError | None:
-    # A RuntimeIntegrityError anywhere down the chain (the interceptor marks it):
-    # the run refused to go on, which is not its step's failure.
-    inner: BaseException | None = error
-    while inner is not None:
-        if (
-            isinstance(inner, ApplicationError)
-            and inner.details
-            and inner.details[0] == REFUSED_MARKER
-        ):
-            return inner
-        inner = getattr(inner, "cause", None)
-    return None
-
-
 def _refusal_cancels_branches(error: BaseException) -> bool:
     # The marker stands for a stop too (a budget, a cancel, a wait's timeout), which the
     # other branches see for themselves at their next call, as locally: only an integrity
     # refusal, named by its type, stops them at once.
-    refused = _refused(error)
+    refused = refused_failure(error)
     kind = getattr(_errors, refused.type or "", None) if refused is not None else None
     integrity = isinstance(kind, type) and issubclass(kind, RuntimeIntegrityError)
     return integrity and workflow.patched(BRANCH_REFUSAL_PATCH)
@@ -381,7 +367,7 @@ class LittleRunWorkflow:
                     static_summary=f"{self._run_id} {start.parent_step_path}",
                 )
             except ChildWorkflowError as exc:
-                refused = _refused(exc)
+                refused = refused_failure(exc)
                 if refused is not None:
                     if refused.type == "WaitTimedOutError" and workflow.patched(
                         TIMED_OUT_SUB_RUN_PATCH
@@ -476,7 +462,7 @@ class LittleRunWorkflow:
                     static_summary=f"{self._run_id} {path}",
                 )
             except ChildWorkflowError as exc:
-                refused = _refused(exc)
+                refused = refused_failure(exc)
                 if refused is not None:
                     # Nothing is recorded for a refusal, in the child or here: the
                     # step stays in flight and resumes once the cause is fixed.

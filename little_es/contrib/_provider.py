@@ -21,6 +21,8 @@ from little_es.errors import ModelError
 from little_es.values import JSONValue
 
 RETRYABLE_STATUSES = frozenset({408, 409, 429})
+"""Statuses where the same request can succeed later: timeout, conflict, rate limit (and
+every 5xx)."""
 
 
 def retry_after(headers: Mapping[str, str]) -> float | None:
@@ -43,10 +45,6 @@ def retry_after(headers: Mapping[str, str]) -> float | None:
     except (TypeError, ValueError, OverflowError):
         return None
     return seconds if math.isfinite(seconds) and seconds > 0 else None
-
-
-"""Statuses where the same request can succeed later: timeout, conflict, rate limit (and
-every 5xx)."""
 
 
 class ProviderModel:
