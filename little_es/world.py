@@ -331,6 +331,40 @@ def merge_by_timestamp(streams: list[list[Event]]) -> list[Event]:
     return list(heapq.merge(*streams, key=_timestamp))
 
 
+def merge_run_log(run_events: list[Event], sessions: Sequence[list[Event]]) -> list[Event]:
+    """A run's stream merged with its sessions' streams: by timestamp, each session
+    after the ``StepStarted`` that names it.
+
+    A session's events are written after that ``StepStarted`` (write-ahead), but
+    not always by the same clock: a process resuming the step, or a Temporal
+    worker on another machine, may be behind the one that recorded it. Ordered
+    by timestamp alone, the session's events would come before its step exists,
+    and the reducer could not count their usage to the step (its budget would
+    then be spent again on resume). Such a session's events that are stamped
+    before its ``StepStarted`` are ordered as if stamped with it, which keeps
+    the order the log was written in.
+    """
+    named: dict[UUID, datetime] = {}
+    for e in run_events:
+        if isinstance(e, StepStarted) and e.session_id is not None:
+            named.setdefault(e.session_id, e.timestamp)
+    behind = {
+        events[0].originator_id: named[events[0].originator_id]
+        for events in sessions
+        if events and events[0].timestamp < named.get(events[0].originator_id, _LONG_AGO)
+    }
+    streams = [run_events, *sessions]
+    if not behind:
+        return merge_by_timestamp(streams)
+
+    def key(e: Event) -> datetime:
+        started = behind.get(e.originator_id)
+        return e.timestamp if started is None or e.timestamp >= started else started
+
+    # Ties go to the earlier stream: the run's, so its StepStarted comes first.
+    return list(heapq.merge(*streams, key=key))
+
+
 class _RecordedElsewhereError(Exception):
     """A new world's first save lost the race to record the world (see :meth:`World.save`)."""
 
@@ -1268,7 +1302,8 @@ class World:
     def read_run_log(self, run_id: str) -> list[Event]:
         """The run's event log: its ``Run`` stream merged with its harness sessions' streams.
 
-        Ordered by timestamp (ties: the run stream first, then stream version).
+        Ordered by timestamp (ties: the run stream first, then stream version),
+        each session after the ``StepStarted`` that names it (:func:`merge_run_log`).
         Sub-runs are other runs and are never read here.
         """
         return self.read_run_log_skipping(run_id, frozenset()).events
@@ -1295,15 +1330,15 @@ class World:
                         if isinstance(e, StepStarted) and e.session_id is not None
                     )
                 )
-                streams = [run_events]
+                sessions = []
                 skipped = 0
                 for session_id in session_ids:
                     events, n = self._read_stream(session_id, skip)
-                    streams.append(events)
+                    sessions.append(events)
                     skipped += n
             except EventLogError as exc:
                 raise type(exc)(f"run {run_id!r} in world {self.name}: {exc}") from exc
-            return RunLog(merge_by_timestamp(streams), skipped, self.pricer)
+            return RunLog(merge_run_log(run_events, sessions), skipped, self.pricer)
 
     def load_run(self, run_id: str) -> Run:
         """The ``Run`` aggregate (from its latest snapshot and later events)."""
