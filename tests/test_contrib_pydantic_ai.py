@@ -19,6 +19,11 @@ import pytest
 from _pydantic_ai_support import RUN_ID, Answer, ChatServer, build, main, start_server
 from openai import AsyncOpenAI
 from pydantic_ai import Agent, RunContext
+from pydantic_ai.exceptions import ModelQuotaExceededError, ModelServerError
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models import Model
+from pydantic_ai.models.fallback import FallbackModel
+from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 
@@ -229,10 +234,12 @@ def _tools_workflow(
     max_turns: int = 20,
     client_retries: int | None = None,
     output_type: Any = str,
+    fallback: bool = False,
 ) -> Workflow:
     """Turn 1 asks for ``lookup`` and ``add``. With ``lookup_declines`` it raises a
     non-retryable error, which ends the step (Pydantic AI lets a tool's exception through).
-    ``ran`` gets each real tool call."""
+    ``ran`` gets each real tool call. With ``fallback`` the agent's model is a
+    ``FallbackModel`` of two models of the same server."""
     provider = (
         OpenAIProvider(base_url=base_url, api_key="k")
         if client_retries is None
@@ -240,8 +247,11 @@ def _tools_workflow(
             openai_client=AsyncOpenAI(base_url=base_url, api_key="k", max_retries=client_retries)
         )
     )
+    model: Model = OpenAIChatModel("gpt-4o-mini", provider=provider)
+    if fallback:
+        model = FallbackModel(model, OpenAIChatModel("gpt-4o", provider=provider))
     agent = Agent(
-        OpenAIChatModel("gpt-4o-mini", provider=provider),
+        model,
         output_type=output_type,
         name="payer",
         instructions="Pay.",
@@ -332,6 +342,90 @@ def test_a_rate_limited_request_is_retried_in_the_same_session(tmp_path: Path) -
     assert [e.attempt for e in log if isinstance(e, StepStarted)] == [1]
     assert dict(server.requests) == {1: 1, 2: 3, 3: 1}
     assert sorted(ran) == ["add", "add", "lookup"], "a retry ran the committed tools again"
+
+
+def test_every_fallback_model_rate_limited_is_retried_in_the_same_session(tmp_path: Path) -> None:
+    """A FallbackModel whose models all failed (Pydantic AI's FallbackExceptionGroup) is
+    retried in place when one of them may succeed later, as a single model's 429 is."""
+    server = ChatServer(rate_limited={2: 2})
+    httpd = start_server(server)
+    ran: list[str] = []
+    try:
+        wf = _tools_workflow(
+            server.base_url,
+            ran,
+            lookup_declines=False,
+            client_retries=0,
+            output_type=Answer,
+            fallback=True,
+        )
+        with local_world(tmp_path / "w") as world:
+            result = asyncio.run(run_workflow(world, wf, {}, run_id="run_fallback"))
+            log = world.read_run_log("run_fallback")
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert result.state.status == "completed"
+    assert [e.attempt for e in log if isinstance(e, StepStarted)] == [1]
+    # Turn 2: both models refused (one try), then the first one answered (a second try).
+    assert dict(server.requests) == {1: 1, 2: 3, 3: 1}
+    assert sorted(ran) == ["add", "add", "lookup"], "a retry ran the committed tools again"
+
+
+def _function_workflow(error: Exception, ran: list[str], sent: list[int]) -> Workflow:
+    """Turn 1 calls ``add``; the first request of turn 2 raises ``error``, the next answers."""
+
+    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        turn = sum(isinstance(m, ModelResponse) for m in messages) + 1
+        sent.append(turn)
+        if turn == 1:
+            return ModelResponse(parts=[ToolCallPart("add", {"a": 40, "b": 2}, "call_1")])
+        if sent.count(2) == 1:
+            raise error
+        return ModelResponse(parts=[TextPart("42")])
+
+    agent = Agent(FunctionModel(respond), name="adder")
+
+    @agent.tool
+    def add(ctx: RunContext[None], a: int, b: int) -> int:
+        """Add two numbers."""
+        ran.append("add")
+        return a + b
+
+    step = pydantic_ai_step("add", agent, prompt="add", retry=RetryPolicy(max_attempts=3))
+    return Workflow("fn", steps=[step])
+
+
+def test_a_provider_error_without_http_is_retried_in_the_same_session(tmp_path: Path) -> None:
+    """Pydantic AI's categorised errors of providers that speak no HTTP status (a server
+    error, a throttled or overloaded model, an empty answer) are retried in place."""
+    ran: list[str] = []
+    sent: list[int] = []
+    wf = _function_workflow(ModelServerError("fn", "the model's server failed"), ran, sent)
+    with local_world(tmp_path / "w") as world:
+        result = asyncio.run(run_workflow(world, wf, {}, run_id="run_fn"))
+        log = world.read_run_log("run_fn")
+    assert result.output == "42"
+    assert [e.attempt for e in log if isinstance(e, StepStarted)] == [1]
+    assert sent == [1, 2, 2]
+    assert ran == ["add"], "a retry ran the committed tool again"
+
+
+def test_a_provider_error_that_cannot_succeed_later_is_not_retried(tmp_path: Path) -> None:
+    """A spent quota (or credentials refused, an unknown model...) fails the step for good:
+    each retry would be a new session that runs the committed tool again."""
+    ran: list[str] = []
+    sent: list[int] = []
+    wf = _function_workflow(ModelQuotaExceededError("fn", "out of credits"), ran, sent)
+    with local_world(tmp_path / "w") as world:
+        with pytest.raises(RunFailedError) as failed:
+            asyncio.run(run_workflow(world, wf, {}, run_id="run_quota"))
+        log = world.read_run_log("run_quota")
+    assert failed.value.error.type == "ModelError" and not failed.value.error.retryable
+    assert "out of credits" in failed.value.error.message
+    assert [e.attempt for e in log if isinstance(e, StepStarted)] == [1]
+    assert sent == [1, 2]
+    assert ran == ["add"]
 
 
 def test_a_request_the_provider_refuses_for_good_is_not_retried(tmp_path: Path) -> None:

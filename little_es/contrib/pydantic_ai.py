@@ -53,7 +53,12 @@ try:
     from pydantic_ai import Agent
     from pydantic_ai import exceptions as _pai_errors
     from pydantic_ai import messages as _pm
-    from pydantic_ai.exceptions import ModelHTTPError, ModelRetry, UsageLimitExceeded
+    from pydantic_ai.exceptions import (
+        FallbackExceptionGroup,
+        ModelHTTPError,
+        ModelRetry,
+        UsageLimitExceeded,
+    )
     from pydantic_ai.models import Model as _PaiModel
     from pydantic_ai.models import ModelRequestParameters, StreamedResponse
     from pydantic_ai.models.wrapper import WrapperModel
@@ -330,12 +335,60 @@ class _Runner:
         return output
 
 
-_TRANSIENT: tuple[type[BaseException], ...] = tuple(
-    getattr(_pai_errors, name)
-    for name in ("ModelConnectionError", "ModelRequestTimeout")
-    if isinstance(getattr(_pai_errors, name, None), type)
-)
-"""Pydantic AI's errors of a call that got no answer (those its version has)."""
+def _errors(*names: str) -> tuple[type[BaseException], ...]:
+    """Those of Pydantic AI's error classes ``names`` its installed version has."""
+    return tuple(
+        found
+        for found in (getattr(_pai_errors, name, None) for name in names)
+        if isinstance(found, type)
+    )
+
+
+_FINAL = _errors("ModelRequestRejectedError", "ModelQuotaExceededError")
+"""Pydantic AI's errors of a request the provider refused for good (credentials, quota,
+a context window too small, an unknown model): trying again cannot help."""
+
+_API_ERROR = _errors("ModelAPIError", "ModelConnectionError", "ModelRequestTimeout")
+"""Pydantic AI's errors of a call that failed at the provider or on the way (a dropped
+connection, a timeout, a rate limit, an overloaded or failing server, an empty answer):
+worth trying again, unless :data:`_FINAL`."""
+
+
+def _model_error(exc: BaseException, label: str, provider: str) -> ModelError | None:
+    """``exc``, Pydantic AI's error of one model request, as little_es's :class:`ModelError`,
+    or None when it is no provider's error (a bug in the agent's own code)."""
+    if isinstance(exc, ModelHTTPError):
+        # Pydantic AI's own error says nothing of retrying: a status that cannot
+        # succeed later (400, 401...) must not be tried again.
+        status = exc.status_code
+        return ModelError(
+            f"{label}: call failed with HTTP {status}: {exc}",
+            retryable=status in RETRYABLE_STATUSES or status >= 500,
+            provider=provider,
+            status=status,
+            retry_after=_seconds(getattr(exc, "retry_after", None)),
+        )
+    if isinstance(exc, _API_ERROR):
+        return ModelError(
+            f"{label}: call failed: {type(exc).__name__}: {exc}",
+            retryable=not isinstance(exc, _FINAL),
+            provider=provider,
+            retry_after=_seconds(getattr(exc, "retry_after", None)),
+        )
+    if isinstance(exc, FallbackExceptionGroup):
+        # Every model of a FallbackModel failed: worth trying again if one of them is.
+        each = [_model_error(e, label, provider) for e in exc.exceptions]
+        if not each or None in each:
+            return None
+        mapped = [e for e in each if e is not None]
+        waits = [e.retry_after for e in mapped if e.retryable and e.retry_after is not None]
+        return ModelError(
+            f"{label}: every fallback model failed: " + "; ".join(str(e) for e in mapped),
+            retryable=any(e.retryable for e in mapped),
+            provider=provider,
+            retry_after=min(waits) if waits else None,
+        )
+    return None
 
 
 def _seconds(value: object) -> float | None:
@@ -433,26 +486,12 @@ class _Recorder:
         async def mapped() -> _pm.ModelResponse:
             try:
                 live: _pm.ModelResponse = await send()
-            except ModelHTTPError as exc:
-                # Pydantic AI's own error says nothing of retrying: a status that cannot
-                # succeed later (400, 401...) must not be tried again.
-                status = exc.status_code
-                raise ModelError(
-                    f"{self.model.provider}:{self.model.model_id}: call failed with HTTP"
-                    f" {status}: {exc}",
-                    retryable=status in RETRYABLE_STATUSES or status >= 500,
-                    provider=self.model.provider,
-                    status=status,
-                    retry_after=_seconds(getattr(exc, "retry_after", None)),
-                ) from exc
-            except _TRANSIENT as exc:
-                # No answer at all (a dropped connection, a timeout): worth a try again.
-                raise ModelError(
-                    f"{self.model.provider}:{self.model.model_id}: call failed:"
-                    f" {type(exc).__name__}: {exc}",
-                    retryable=True,
-                    provider=self.model.provider,
-                ) from exc
+            except Exception as exc:
+                model = self.model
+                error = _model_error(exc, f"{model.provider}:{model.model_id}", model.provider)
+                if error is None:
+                    raise
+                raise error from exc
             return live
 
         live = await call_model(mapped, step_path=self.step_path, retry=self.retry)
