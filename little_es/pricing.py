@@ -208,7 +208,17 @@ def price_usage(
     return None if cost is None else float(cost)
 
 
+def checked_at(at: object) -> None:
+    """Refuse an ``at`` that is neither None nor a timezone-aware datetime."""
+    if at is not None and (not isinstance(at, datetime) or at.utcoffset() is None):
+        raise PricingError(
+            "at must be a timezone-aware datetime (e.g. datetime.now(UTC)) or None for now,"
+            f" got {at!r}"
+        )
+
+
 def _lookup(provider: object, model_id: object, at: datetime | None) -> _Entry | None:
+    checked_at(at)
     # The hit path is inlined (no helper call): the reducer calls this once per model call.
     try:
         entry = _cache[(provider, model_id)]
@@ -228,6 +238,7 @@ def price_usage_picodollars(
     """
     if not isinstance(usage, Usage):
         raise PricingError(f"usage must be a little_es Usage, got {type(usage).__name__}")
+    checked_at(at)
     # The reducer's hot path: _lookup and _picodollars inlined (no helper calls).
     try:
         entry = _cache[(provider, model_id)]
@@ -407,6 +418,7 @@ class RecordedPrices:
     def _entry(self, provider: str, model_id: str, usage: Usage, at: datetime) -> _Entry | None:
         if not isinstance(usage, Usage):
             raise PricingError(f"usage must be a little_es Usage, got {type(usage).__name__}")
+        checked_at(at)
         if self._by_key:
             raw = (provider, model_id)
             key = self._keys.get(raw)

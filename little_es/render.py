@@ -141,7 +141,8 @@ def cost_text(usage: UsageTotals) -> str:
     """
     if usage.cost_usd is None:
         return "-"
-    text = f"${usage.cost_usd:,.6f}"
+    # A cost too small for six decimals is still not free.
+    text = "<$0.000001" if 0 < usage.cost_usd < 5e-7 else f"${usage.cost_usd:,.6f}"
     return f"{text} (+{usage.unpriced_calls} unpriced)" if usage.unpriced_calls else text
 
 

@@ -126,6 +126,7 @@ from little_es.ids import (
 )
 from little_es.materialize import MaterializedRunState, WaitState, materialize_run_state
 from little_es.pricing import (
+    checked_at,
     checked_price,
     normalized_model_key,
     price_usage_picodollars,
@@ -408,11 +409,16 @@ class _BookPricer:
         """The cost in integer picodollars, as the reducer sums it (a ``PicodollarPricer``)."""
         # _check_fresh inlined for the usual case: the reducer calls this once per model call.
         fresh = self._fresh_until
-        if at.tzinfo is not fresh.tzinfo or at >= fresh:
+        try:
+            stale = at.tzinfo is not fresh.tzinfo or at >= fresh
+        except (AttributeError, TypeError):
+            stale = True  # no datetime: refused by _check_fresh
+        if stale:
             self._check_fresh(at)
         return self._pusd(provider, model_id, usage, at)
 
     def _check_fresh(self, at: datetime) -> None:
+        checked_at(at)
         fresh = self._fresh_until
         if at.tzinfo is not fresh.tzinfo:
             # Aware datetimes with distinct tzinfo objects compare ten times slower (both

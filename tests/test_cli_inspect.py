@@ -74,6 +74,9 @@ def test_cost_text() -> None:
     from little_es.values import UsageTotals
 
     assert cost_text(UsageTotals()) == "$0.000000"
+    # Priced, under half a millionth of a dollar: not shown as free.
+    assert cost_text(UsageTotals(cost_usd=2e-7, calls=1)) == "<$0.000001"
+    assert cost_text(UsageTotals(cost_usd=6e-7, calls=1)) == "$0.000001"
     assert cost_text(UsageTotals(cost_usd=None, unpriced_calls=2, calls=2)) == "-"
     assert (
         cost_text(UsageTotals(cost_usd=1.5, unpriced_calls=1, calls=3)) == "$1.500000 (+1 unpriced)"

@@ -11,6 +11,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -24,13 +25,16 @@ from genai_prices.types import Usage as GenaiUsage
 from little_es.errors import LittleEsError, PricingError
 from little_es.pricing import (
     ModelInfo,
+    RecordedPrices,
     get_model_info_for,
     price_usage,
     price_usage_exact,
+    price_usage_picodollars,
     register_model_price,
     unregister_model_price,
 )
 from little_es.values import Usage
+from little_es.world import memory_world
 
 _REPO = Path(__file__).resolve().parents[1]
 
@@ -355,6 +359,26 @@ def test_lookups_refuse_malformed_names(provider: Any, model_id: Any) -> None:
         price_usage(provider, model_id, Usage())
     with pytest.raises(PricingError, match="must be a non-empty string"):
         register_model_price(provider, model_id, input_per_mtok=1, output_per_mtok=1)
+
+
+@pytest.mark.parametrize("at", ["2024-01-01", datetime(2024, 1, 1), 1_700_000_000])
+def test_every_pricer_refuses_an_at_that_is_no_aware_datetime(at: Any) -> None:
+    """For a fixed-price model too, where the time changes nothing: the same call with a
+    dated model or a recorded price would fail."""
+    usage = Usage(input_tokens=10)
+    with memory_world() as world:
+        world.set_model_price("acme", "m1", input_per_mtok=1, output_per_mtok=1)
+        for price in (
+            lambda: get_model_info_for("openai", "gpt-4o", at),
+            lambda: price_usage("openai", "gpt-4o", usage, at),
+            lambda: price_usage_exact("openai", "gpt-4o", usage, at),
+            lambda: price_usage_picodollars("openai", "gpt-4o", usage, at),
+            lambda: RecordedPrices().picodollars("openai", "gpt-4o", usage, at),
+            lambda: world.pricer("acme", "m1", usage, at),
+            lambda: world.pricer.picodollars("acme", "m1", usage, at),  # type: ignore[attr-defined]
+        ):
+            with pytest.raises(PricingError, match="timezone-aware datetime"):
+                price()
 
 
 _PRICE_FIELDS = (
