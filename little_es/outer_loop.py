@@ -485,7 +485,9 @@ def loop_view(world: World, loop: OuterLoop) -> dict[str, JSONValue]:
                 "status": c.status,
                 "planner_run_id": s.planner_run_id,
                 "run_id": s.run_id,
-                "planner_manifest_hash": s.planner_manifest_hash,
+                # What the cycle goes on under: a resume under changed code may re-pin it.
+                "planner_manifest_hash": c.pinned[1],
+                "started_planner_manifest_hash": s.planner_manifest_hash,
                 "outer_loop_context_hash": s.outer_loop_context_hash,
                 "decision": (
                     None

@@ -63,7 +63,12 @@ from tests.conftest import WorldSpec
 
 _REPO = Path(__file__).resolve().parent.parent
 _TARGET = "tests._outer_loop_proc:main"
-_HASHES = {"planner_manifest_hash", "outer_loop_context_hash", "old_manifest_hash"}
+_HASHES = {
+    "planner_manifest_hash",
+    "started_planner_manifest_hash",
+    "outer_loop_context_hash",
+    "old_manifest_hash",
+}
 
 
 @pytest.fixture(scope="module")
@@ -664,8 +669,12 @@ def test_a_cycle_kept_under_changed_code_is_pinned_to_it_not_abandoned_on_the_ne
         v2 = proc.make_planner("v2")
         with pytest.raises(RunWaitingError):
             run_outer_loop_sync(world, planner=v2, workflow=wf, outer_loop_id="loop_r")
-        planned = load_outer_loop(world, "loop_r").cycles[1].planned
+        repinned = load_outer_loop(world, "loop_r")
+        planned = repinned.cycles[1].planned
         assert planned is not None and planned.planner_manifest_hash is not None
+        (cycle,) = loop_view(world, repinned)["cycles"]  # type: ignore[misc]
+        assert cycle["planner_manifest_hash"] == planned.planner_manifest_hash  # type: ignore[index]
+        assert cycle["started_planner_manifest_hash"] != planned.planner_manifest_hash  # type: ignore[index]
         world.signal("loop_r.cycle-1", "go", {"ok": True})
         with pytest.raises(RunWaitingError):  # the same code again: cycle 2's run waits
             run_outer_loop_sync(world, planner=v2, workflow=wf, outer_loop_id="loop_r")
