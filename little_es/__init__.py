@@ -12,6 +12,7 @@ from little_es.durability import cancel_run
 from little_es.engine.engines import LocalEngine, RunEngine
 from little_es.engine.local import RunResult, run_workflow
 from little_es.errors import (
+    AgentUsageError,
     AggregateArgumentError,
     AggregateConflictError,
     AggregateNotFoundError,
@@ -221,6 +222,7 @@ __all__ = [
     "MAX_ERROR_MESSAGE",
     "MAX_JSON_DEPTH",
     "MAX_TOKENS",
+    "AgentUsageError",
     "AggregateArgumentError",
     "AggregateConflictError",
     "AggregateNotFoundError",

@@ -49,6 +49,7 @@ handle a family::
     │   │   └── SubRunTimedOutError          a sub-run's wait timed out: its step's failure
     │   ├── ReplayedFailureError             a recorded failure, raised again as it was
     │   ├── TurnLimitExceededError
+    │   ├── AgentUsageError                  a Pydantic AI agent refused how it is built
     │   ├── SubRunFailedError
     │   ├── OrchestratorContextError
     │   ├── PlannerAnswerError               an outer loop's planner did not answer a decision
@@ -376,6 +377,18 @@ class TurnLimitExceededError(StepExecutionError):
     stop at the same place; tighten the prompt, or raise ``max_turns`` in a new
     run (``max_turns`` is part of the agent's manifest, so a resume of this run
     with another one is a :class:`CapabilityDriftError`).
+    """
+
+    retryable = False
+
+
+class AgentUsageError(StepExecutionError):
+    """A Pydantic AI agent step stopped on Pydantic AI's ``UserError``: the agent cannot
+    run as it is built (a deferred tool call with no ``DeferredToolRequests`` among its
+    output types, say). Not retryable: each attempt would be a new session that pays
+    again for every request before the same refusal and runs its tool calls again; fix
+    the agent and start a new run (a resume with a changed agent is a
+    :class:`CapabilityDriftError`).
     """
 
     retryable = False

@@ -26,6 +26,7 @@ from pydantic_ai.models.fallback import FallbackModel
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
+from pydantic_ai.tools import DeferredToolRequests
 
 from little_es import RetryPolicy, RunFailedError, Workflow, local_world, run_workflow
 from little_es.contrib.pydantic_ai import pydantic_ai_step
@@ -426,6 +427,67 @@ def test_a_provider_error_that_cannot_succeed_later_is_not_retried(tmp_path: Pat
     assert [e.attempt for e in log if isinstance(e, StepStarted)] == [1]
     assert sent == [1, 2]
     assert ran == ["add"]
+
+
+def _deferring_workflow(ran: list[str], output_type: Any) -> Workflow:
+    """Turn 1 calls ``add`` and ``deploy``, a tool that needs an approval (deferred)."""
+
+    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(
+            parts=[
+                ToolCallPart("add", {"a": 40, "b": 2}, "call_1"),
+                ToolCallPart("deploy", {"env": "prod"}, "call_2"),
+            ]
+        )
+
+    agent = Agent(FunctionModel(respond), name="deployer", output_type=output_type)
+
+    @agent.tool
+    def add(ctx: RunContext[None], a: int, b: int) -> int:
+        """Add two numbers."""
+        ran.append("add")
+        return a + b
+
+    @agent.tool(requires_approval=True)
+    def deploy(ctx: RunContext[None], env: str) -> str:
+        """Deploy."""
+        ran.append("deploy")
+        return "deployed"
+
+    step = pydantic_ai_step("ship", agent, prompt="ship", retry=RetryPolicy(max_attempts=3))
+    return Workflow("deferring", steps=[step])
+
+
+def test_a_deferred_tool_call_the_agent_cannot_return_fails_the_step_once(
+    tmp_path: Path,
+) -> None:
+    """Pydantic AI's UserError (here: a deferred call, no DeferredToolRequests output) is
+    the agent's build: a retry would pay again and run the committed tool again."""
+    ran: list[str] = []
+    with local_world(tmp_path / "w") as world:
+        with pytest.raises(RunFailedError) as failed:
+            asyncio.run(run_workflow(world, _deferring_workflow(ran, str), {}, run_id="run_d"))
+        log = world.read_run_log("run_d")
+    assert failed.value.error.type == "AgentUsageError" and not failed.value.error.retryable
+    assert "DeferredToolRequests" in failed.value.error.message
+    assert [e.attempt for e in log if isinstance(e, StepStarted)] == [1]
+    assert ran == ["add"]
+
+
+def test_deferred_tool_requests_are_the_steps_output_and_resume_from_the_log(
+    tmp_path: Path,
+) -> None:
+    """An agent that returns its deferred calls ends the step with them as its output; the
+    call that ran is not run again, and a second run_workflow changes nothing."""
+    ran: list[str] = []
+    wf = _deferring_workflow(ran, [str, DeferredToolRequests])
+    with local_world(tmp_path / "w") as world:
+        result = asyncio.run(run_workflow(world, wf, {}, run_id="run_dr"))
+        again = asyncio.run(run_workflow(world, wf, run_id="run_dr"))
+    assert ran == ["add"]
+    assert [a["tool_name"] for a in result.output["approvals"]] == ["deploy"]
+    assert result.output["approvals"][0]["args"] == {"env": "prod"}
+    assert again.output == result.output and again.steps_executed == 0
 
 
 def test_a_request_the_provider_refuses_for_good_is_not_retried(tmp_path: Path) -> None:

@@ -77,6 +77,7 @@ from little_es.backends.base import check_leases
 from little_es.contrib._provider import RETRYABLE_STATUSES
 from little_es.domain import HarnessSession
 from little_es.errors import (
+    AgentUsageError,
     ConversationDivergedError,
     ModelError,
     ReplayedFailureError,
@@ -329,6 +330,12 @@ class _Runner:
                     f" max_turns={self._max_turns} model requests; tell the model when to stop, or"
                     " give the step a higher max_turns in a new run (this run's agent cannot"
                     " change: a resume with another max_turns is refused as drift)"
+                ) from exc
+            except _pai_errors.UserError as exc:
+                raise AgentUsageError(
+                    f"{recorder.where()}: Pydantic AI refused to run the agent as it is built:"
+                    f" {str(exc).rstrip('.')}. Fix the agent and start a new run (a resume of"
+                    " this one with a changed agent is refused as drift)"
                 ) from exc
         output: JSONValue = to_jsonable_python(result.output)
         recorder.complete(output)
