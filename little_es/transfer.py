@@ -721,6 +721,15 @@ def _log_format(
             record = _checked(mapper, world_stream_id(), version, topic, payload_of(data))
         except EventLogError:
             return header  # the check of its stream refuses it, naming what is wrong
+    elif by_stream:
+        # A world records itself with its first save: one that held a stream holds its
+        # record. Taken without it, a new target would record itself on its next opening
+        # as a world from before the chain (its rows then free to lack a frame).
+        raise ExportFormatError(
+            "the export holds streams but not the exported world's own record (the stream"
+            " of its WorldCreated): the file was changed; export the world again (nothing"
+            " was imported)"
+        )
     # An export without a record (of a world that held nothing) is written as linked.
     log_format = record.log_format if isinstance(record, WorldCreated) else LOG_FORMAT_LINKED
     if header != log_format:

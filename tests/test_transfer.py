@@ -455,6 +455,18 @@ def _skip_event(data: bytes) -> bytes:
     return _join(lines)
 
 
+def _drop_world_record(data: bytes) -> bytes:
+    """The world's own record removed, counts and trailer fixed: a new target would open as
+    a world from before the chain (its rows then free to lack a frame)."""
+    lines = _lines(data)
+    record = next(x for x in lines if x["type"] == "stream" and x["kind"] == "world")
+    lines = [x for x in lines if x.get("stream_id") != record["stream_id"]]
+    dropped = {"streams": 1, "events": record["version"]}
+    for line in (lines[0], lines[-1]):
+        line["counts"] = {k: n - dropped.get(k, 0) for k, n in line["counts"].items()}
+    return _join(lines)
+
+
 HOSTILE: dict[str, tuple[Callable[[bytes], bytes], type[Exception], str]] = {
     "cut in the middle": (lambda d: d[: len(d) // 2], ExportTruncatedError, "cut off"),
     "trailer missing": (
@@ -480,6 +492,11 @@ HOSTILE: dict[str, tuple[Callable[[bytes], bytes], type[Exception], str]] = {
         "copied from another run",
     ),
     "stream renamed, trailer resealed": (_rename_stream, ExportFormatError, "declares stream"),
+    "world record removed, trailer resealed": (
+        _drop_world_record,
+        ExportFormatError,
+        "not the exported world's own record",
+    ),
 }
 
 
