@@ -574,6 +574,28 @@ def test_a_tampered_source_is_refused_and_nothing_reaches_stdout(
     assert not list(tmp_path.glob("x*")), "a refused export leaves no file behind"
 
 
+def test_a_source_whose_run_was_deleted_whole_is_refused_not_moved_without_it(
+    source: Source, tmp_path: Path
+) -> None:
+    """Its rows are gone, its head remains (`little verify --all` finds it): an export that
+    left it out would give a target that verifies clean and never had the run."""
+    data_dir = tmp_path / "copy"
+    shutil.copytree(Path(source.url.removeprefix("sqlite:///")), data_dir)
+    conn = sqlite3.connect(data_dir / "events.sqlite3")
+    with conn:
+        conn.execute(
+            "DELETE FROM little_es_events WHERE stream ="
+            " (SELECT id FROM little_es_streams WHERE stream_id = ?)",
+            (run_stream_id("run_done").hex,),
+        )
+    conn.close()
+    with local_world(data_dir) as world, pytest.raises(LogTamperedError, match="were deleted"):
+        export_world(world, io.BytesIO())
+    done = _little("export", "--world", f"sqlite:///{data_dir}")
+    assert done.returncode == 1
+    assert done.stdout == b""
+
+
 def test_an_export_to_a_path_that_cannot_be_written_exits_1_with_one_line(
     tmp_path: Path,
 ) -> None:
