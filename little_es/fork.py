@@ -410,7 +410,9 @@ def _write_fork(
     else:
         data = encode_output(INPUT_PATH, dict(input))
         given = orjson.loads(data)
-        input_changed = given != recorded_input
+        # As JSON, not as Python values: 1.0, True and 1 are equal in Python, not to a
+        # branches function that formats them.
+        input_changed = data != orjson.dumps(recorded_input)
         if len(data) > OUTPUT_INLINE_LIMIT:
             ref = world.artifacts.put(
                 data, run_id=fork_id, step_path=INPUT_PATH, media_type=OUTPUT_MEDIA_TYPE

@@ -459,3 +459,30 @@ def test_a_fork_with_another_input_keeps_a_group_whose_branches_read_the_input(
     fork_run(world, "run_files", at="publish", new_run_id="run_files_same")
     asyncio.run(run_workflow(world, wf, run_id="run_files_same"))
     assert asked == [["a", "b"]]
+
+
+def test_an_input_that_differs_only_in_json_type_is_a_new_input(world: World) -> None:
+    """1.0 and True equal 1 in Python, not to a branches function that formats them: taken
+    for the origin's input, the group was recomputed from it, and the fork never resumed."""
+
+    def parts(ctx: StepContext) -> list[str]:
+        return [f"part{ctx.input['n']}"]
+
+    def publish(ctx: StepContext) -> dict[str, object]:
+        return {"n": ctx.input["n"], "checks": dict(ctx.outputs["check"])}
+
+    wf = Workflow(
+        "fork_typed_input",
+        steps=[
+            parallel("check", branches=parts, step=task("one", lambda ctx: ctx.branch_key)),
+            task("publish", publish),
+        ],
+    )
+    asyncio.run(run_workflow(world, wf, {"n": 1}, run_id="run_typed"))
+    for n, fork_id in ((1.0, "run_typed_float"), (True, "run_typed_bool")):
+        forked = fork_run(world, "run_typed", at="publish", new_run_id=fork_id, input={"n": n})
+        assert forked.origin.input_changed
+        result = asyncio.run(run_workflow(world, wf, run_id=fork_id))
+        assert result.output == {"n": n, "checks": {"part1": "part1"}}
+    same = fork_run(world, "run_typed", at="publish", new_run_id="run_typed_same", input={"n": 1})
+    assert not same.origin.input_changed
