@@ -192,8 +192,11 @@ def diff_runs(world: World, run_a: str, run_b: str) -> RunDiff:
 
     Raises :class:`~little_es.errors.InvalidRunIdError` or
     :class:`~little_es.errors.RunNotFoundError` for either id, and what
-    ``replay_run`` raises for a log that cannot be read.
+    ``replay_run`` raises for a log that cannot be read; :class:`TypeError` for a ``world``
+    that is not a :class:`~little_es.world.World`.
     """
+    if not isinstance(world, World):
+        raise TypeError(f"diff_runs needs a World (from open_world()), got {type(world).__name__}")
     state_a, calls_a = _read(world, run_a)
     state_b, calls_b = _read(world, run_b)
     paths = list(dict.fromkeys([*state_a.steps, *state_b.steps]))

@@ -456,6 +456,8 @@ def test_diff_of_two_runs_of_one_workflow(world: World) -> None:
     assert all(c.ok for c in plan.tool_calls_b)
     assert not diff.same and not plan.same
     assert diff_runs(world, "run_a", "run_a").same
+    with pytest.raises(TypeError, match="diff_runs needs a World"):
+        diff_runs("memory://", "run_a", "run_b")  # type: ignore[arg-type]
     out = Console(width=160, record=True)
     render_diff(diff, out)
     text = out.export_text()
