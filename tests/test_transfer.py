@@ -608,6 +608,26 @@ def test_an_export_to_a_path_that_cannot_be_written_exits_1_with_one_line(
         assert "Traceback" not in done.stderr.decode()
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_an_export_to_a_stdout_that_cannot_be_written_exits_1_with_one_line(
+    source: Source,
+) -> None:
+    env = {**os.environ, "PYTHONPATH": str(_REPO)}
+    env.pop("LITTLE_ES_WORLD", None)
+    with Path("/dev/full").open("wb") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "little_es.cli", "export", "--world", source.url],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            env=env,
+            cwd=_REPO,
+            timeout=120,
+            check=False,
+        )
+    assert done.returncode == 1
+    assert done.stderr.decode() == "error: cannot write to stdout: No space left on device\n"
+
+
 def test_snapshots_travel_and_stand_on_their_events(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

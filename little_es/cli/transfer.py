@@ -37,9 +37,13 @@ def export_command(
     """Write every stream, snapshot and artifact of a world to stdout as JSONL."""
     with inspection_world(world) as w:
         if output is None:
-            with progress_bar(Console(stderr=True)) as tell:
-                counts = export_world(w, sys.stdout.buffer, progress=tell)
-            sys.stdout.buffer.flush()
+            try:
+                with progress_bar(Console(stderr=True)) as tell:
+                    counts = export_world(w, sys.stdout.buffer, progress=tell)
+                sys.stdout.buffer.flush()
+            except OSError as exc:  # a full disk, a closed pipe
+                typer.echo(f"error: cannot write to stdout: {exc.strerror or exc}", err=True)
+                raise typer.Exit(1) from None
         else:
             # Written beside it and renamed when whole, so a refused or interrupted export
             # never leaves a file that looks like one.
