@@ -131,6 +131,14 @@ def _ignore(what: str, done: int, total: int) -> None:
     return None
 
 
+def _progress(progress: object) -> TransferProgress:
+    if progress is None:
+        return _ignore
+    if not callable(progress):
+        raise TypeError(f"progress must be a callable(what, done, total) or None, got {progress!r}")
+    return progress
+
+
 # ---------------------------------------------------------------------- export
 
 
@@ -247,7 +255,7 @@ def export_world(
         raise TypeError(f"export_world needs a World (from open_world()), got {type(world)}")
     if not callable(getattr(out, "write", None)):
         raise TypeError(f"export_world writes to a file object, got {type(out).__name__}")
-    tell = progress or _ignore
+    tell = _progress(progress)
     last = world.app.recorder.max_notification_id() or 0
     # Pass 1: which streams, up to which version (as of ``last``), in the log's order.
     versions: dict[UUID, int] = {}
@@ -570,7 +578,7 @@ def import_world(
         raise TypeError(f"import_world needs a World (from open_world()), got {type(world)}")
     if not callable(getattr(source, "readline", None)):
         raise TypeError(f"import_world reads a file object, got {type(source).__name__}")
-    tell = progress or _ignore
+    tell = _progress(progress)
     parsed = _parse(source, tell)
     mapper = world.app.mapper
     assert isinstance(mapper, PydanticMapper)

@@ -547,6 +547,10 @@ def test_the_export_functions_refuse_what_is_not_a_world_or_a_file() -> None:
         export_world("sqlite:///x", io.BytesIO())  # type: ignore[arg-type]
     with memory_world() as world, pytest.raises(TypeError, match="file object"):
         import_world(world, b"{}")  # type: ignore[arg-type]
+    with memory_world() as world:
+        for call in (export_world, import_world):
+            with pytest.raises(TypeError, match="progress must be a callable"):
+                call(world, io.BytesIO(), progress=5)  # type: ignore[arg-type]
 
 
 def test_a_tampered_source_is_refused_and_nothing_reaches_stdout(
