@@ -48,7 +48,7 @@ from uuid import UUID
 
 import orjson
 from eventsourcing.persistence import StoredEvent
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from little_es.aggregates import check_domain_payload, is_domain_topic
 from little_es.backends.base import artifact_digest
@@ -93,7 +93,7 @@ from little_es.events import (
 from little_es.ids import world_stream_id
 from little_es.outer_loop import encode_view, loop_view
 from little_es.values import ArtifactRef
-from little_es.verify import identify_stream
+from little_es.verify import artifact_refs, identify_stream
 from little_es.world import World
 
 __all__ = [
@@ -174,14 +174,40 @@ def _row_fields(stream_id: UUID, version: int, topic: str, data: bytes) -> dict[
     return fields
 
 
-def _refs(event: Event) -> Iterator[ArtifactRef]:
-    """Every artifact reference among an event's fields (as ``little verify`` finds them)."""
-    for name in type(event).model_fields:
-        value = getattr(event, name)
-        if isinstance(value, ArtifactRef):
-            yield value
-        elif isinstance(value, tuple):
-            yield from (v for v in value if isinstance(v, ArtifactRef))
+_REF_FIELDS = frozenset(ArtifactRef.model_fields)
+_REF_REQUIRED = frozenset(n for n, f in ArtifactRef.model_fields.items() if f.is_required())
+
+
+def _raw_refs(value: object) -> Iterator[ArtifactRef]:
+    """The artifact references in the JSON of an event whose class this process has not
+    imported (a user's own event): every object with the fields of an ArtifactRef, at any
+    depth, that validates as one. Without them its artifacts would be left behind."""
+    if isinstance(value, dict):
+        keys = value.keys()
+        if _REF_REQUIRED <= keys <= _REF_FIELDS:
+            try:
+                yield ArtifactRef.model_validate(value)
+                return
+            except ValidationError:
+                pass
+        for item in value.values():
+            yield from _raw_refs(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _raw_refs(item)
+
+
+def _row_refs(event: Event | None, payload: bytes) -> Iterator[ArtifactRef]:
+    """The artifact references of one row: ``event``'s, or, for a row of a class this
+    process has not imported (``event`` None), those found in its JSON."""
+    if event is not None:
+        yield from artifact_refs(event)
+        return
+    try:
+        state = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return  # a user's aggregate in another encoding: nothing to find
+    yield from _raw_refs(state)
 
 
 def _checked(
@@ -281,12 +307,12 @@ def export_world(
         first: Event | None = None
         for version, topic, data in rows:
             feed(running, topic, data)
-            event = _checked(mapper, stream_id, version, topic, payload_of(data))
-            if event is None:
-                continue
-            first = first or event
-            for ref in _refs(event):
+            payload = payload_of(data)
+            event = _checked(mapper, stream_id, version, topic, payload)
+            for ref in _row_refs(event, payload):
                 refs.setdefault(ref.sha256, ref)
+            if event is not None:
+                first = first or event
         digest = check_rows(stream_id, rows)
         kind, name = identify_stream(stream_id, first)
         if isinstance(first, WorldCreated):
@@ -614,13 +640,13 @@ def import_world(
                 )
             first: Event | None = None
             for version, topic, data in rows:
-                event = _checked(mapper, stream_id, version, topic, payload_of(data))
-                if event is None:
-                    continue
-                first = first or event
-                if isinstance(first, RunStarted | RunForked | SessionStarted):
-                    owner = first.run_id
-                for ref in _refs(event):
+                payload = payload_of(data)
+                event = _checked(mapper, stream_id, version, topic, payload)
+                if event is not None:
+                    first = first or event
+                    if isinstance(first, RunStarted | RunForked | SessionStarted):
+                        owner = first.run_id
+                for ref in _row_refs(event, payload):
                     if owner is not None and ref.run_id != owner:
                         raise ArtifactIntegrityError(
                             f"stream {stream_id}, version {version}: references artifact"

@@ -249,7 +249,7 @@ class _Checker:
         )
         run_id = owner or _run_of(events)
         for event in events:
-            for ref in _artifact_refs(event):
+            for ref in artifact_refs(event):
                 self._check_artifact(ref, run_id)
         return events
 
@@ -355,8 +355,9 @@ def _run_of(events: list[Event]) -> str | None:
     return None
 
 
-def _artifact_refs(event: Event) -> Iterator[ArtifactRef]:
-    """Every artifact reference among an event's fields."""
+def artifact_refs(event: Event) -> Iterator[ArtifactRef]:
+    """Every artifact reference among an event's fields (for the checks of a world, and of
+    what moves with it: :mod:`little_es.transfer`)."""
     for name in type(event).model_fields:
         value = getattr(event, name)
         if isinstance(value, ArtifactRef):

@@ -69,7 +69,7 @@ from little_es.outer_loop import encode_view, loop_view, run_outer_loop_sync
 from little_es.projections import list_runs
 from little_es.replay import replay_run
 from little_es.testing import CrashRunner
-from little_es.values import ModelRequest, ToolCall, Usage
+from little_es.values import ArtifactRef, ModelRequest, ToolCall, Usage
 from little_es.verify import verify_world
 from little_es.workflow.authoring import Workflow, agent, task
 from little_es.workflow.context import StepContext
@@ -282,6 +282,13 @@ class Approved(RunEvent):
 
     wire_name: ClassVar[str] = "test_transfer.Approved"
     approver: str
+
+
+class Attached(RunEvent):
+    """A user's own event holding an artifact: its bytes must move with it."""
+
+    wire_name: ClassVar[str] = "test_transfer.Attached"
+    files: tuple[ArtifactRef, ...]
 
 
 def _log_order(world: World) -> list[tuple[str, int]]:
@@ -680,16 +687,21 @@ def test_a_users_own_events_move_with_the_cli_which_cannot_import_their_class(
     with local_world(source_dir) as world:
         run_workflow_sync(world, Workflow("own", steps=[task("a", _double)]), {"n": 1}, run_id="r")
         world.record_run_event("r", Approved, approver="ops")
+        # Referenced by nothing but the user's event, which the cli cannot decode.
+        blob = world.artifacts.put(b"a user's file " * 100, run_id="r", step_path="a")
+        world.record_run_event("r", Attached, files=(blob,))
         before = replay_run(world, "r")
     exported = _little("export", "--world", f"sqlite:///{source_dir}")
     assert exported.returncode == 0, exported.stderr.decode()
     assert b"test_transfer.Approved" in exported.stdout
     imported = _little("import", "--world", f"sqlite:///{target_dir}", stdin=exported.stdout)
     assert imported.returncode == 0, imported.stderr.decode()
+    assert b" 1 artifact " in imported.stdout, imported.stdout
     with local_world(target_dir) as target:
         assert [e.approver for e in target.read_run_log("r") if isinstance(e, Approved)] == ["ops"]
         assert replay_run(target, "r") == before
         assert verify_world(target).ok
+        assert target.artifacts.get(blob).payload == b"a user's file " * 100
 
 
 # ------------------------------------------------- snapshots, forks, stream lines, header
