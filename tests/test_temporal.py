@@ -33,6 +33,7 @@ import orjson
 import pytest
 from little_es_temporal import (
     ChildWorkflowEndedError,
+    ChildWorkflowFailedError,
     DevServer,
     LittleActivities,
     RunDone,
@@ -44,7 +45,7 @@ from little_es_temporal import (
     start_run,
 )
 from little_es_temporal import cancel_run as cancel_on_temporal
-from little_es_temporal.errors import to_application_error
+from little_es_temporal.errors import refused_failure, to_application_error
 from little_es_temporal.models import (
     REFUSED_MARKER,
     RunFailure,
@@ -1772,13 +1773,132 @@ async def test_a_child_workflow_ended_outside_little_es_refuses_its_parent_then_
     await _replay_history(history)
 
 
+# ------------------------------ a child workflow that failed by its own error, log unfinished
+
+_TRIP = {"how": ""}
+"""How ``_tripped_step`` stops its child run: "" returns; "cancelled" raises
+asyncio.CancelledError with nothing cancelling it (an adapter error, the step left in
+flight); "integrity" raises a refusal (nothing recorded either)."""
+
+
+async def _tripped_step(ctx: StepContext) -> str:
+    _ENDED_CALLS["trip"] += 1
+    if _TRIP["how"] == "cancelled":
+        raise asyncio.CancelledError
+    if _TRIP["how"] == "integrity":
+        raise ConversationDivergedError("the recorded conversation and the code disagree")
+    return "tripped"
+
+
+def _start_tripped_child(request: ModelRequest) -> ScriptedReply:
+    if not any(m.role == "assistant" for m in request.messages):
+        call = ToolCall(
+            id="c1",
+            name="start_workflow",
+            arguments={"workflow_id": "t_tripped_child", "input": {}},
+        )
+        return ScriptedReply(content="starting", tool_calls=(call,))
+    results = [m.content for m in request.messages if m.role == "tool"]
+    return ScriptedReply(content=" | ".join(map(str, results)))
+
+
+_TRIPPED_CHILD = Workflow(
+    "t_tripped_child",
+    version="1",
+    steps=[task("before", _ended_before), task("trip", _tripped_step)],
+)
+_TRIPPED_PARENTS = {
+    "orchestrator": Workflow(
+        "t_tripped_orchestrator",
+        version="1",
+        steps=[
+            agent(
+                "plan",
+                model=ScriptedModel(respond=_start_tripped_child),
+                tools=[start_workflow_tool([_TRIPPED_CHILD])],
+                prompt="Start one",
+            )
+        ],
+    ),
+    "subworkflow": Workflow(
+        "t_tripped_subworkflow",
+        version="1",
+        steps=[subworkflow("sub", _TRIPPED_CHILD), task("done", _ended_done)],
+    ),
+}
+
+
+@pytest.mark.backends("memory")
+@pytest.mark.parametrize(
+    ("kind", "how"),
+    [
+        ("orchestrator", "cancelled"),
+        ("subworkflow", "cancelled"),
+        ("orchestrator", "integrity"),
+        ("subworkflow", "integrity"),
+    ],
+)
+async def test_a_child_workflow_failed_by_its_own_error_is_not_reported_as_ended_outside(
+    client: Client, world: World, tmp_path: Path, kind: str, how: str
+) -> None:
+    """A sub-run's child workflow that failed by an error of its own before its log recorded
+    an end (a step's stray asyncio.CancelledError, a refusal) was not ended outside
+    little_es: the parent stops with that error, records nothing, and once the cause is
+    gone, run again, resumes the sub-run from its log."""
+    parent = _TRIPPED_PARENTS[kind]
+    run_id = f"run_tripped_{kind}_{how}"
+    _TRIP["how"] = ""
+    with local_world(tmp_path / "local") as local:
+        expected = await run_workflow(local, parent, {}, run_id=run_id)
+    _ENDED_CALLS.clear()
+    _TRIP["how"] = how
+    queue = _queue()
+    engine = TemporalEngine(client, task_queue=queue, timeouts=_FAST)
+    async with create_worker(client, world, workflows=[parent], task_queue=queue):
+        driving = asyncio.ensure_future(engine.run(world, parent, {}, run_id=run_id))
+        sub = await _first_sub_run(world, run_id)
+        await _wait_until(lambda: _ENDED_CALLS["trip"] == 1)
+        with pytest.raises(TemporalAdapterError) as stopped:
+            await asyncio.wait_for(driving, 60)
+        assert not isinstance(stopped.value, ChildWorkflowEndedError)
+        message = str(stopped.value)
+        assert "outside little_es" not in message
+        if how == "cancelled":
+            # The child's own failure, named, and what to do once it is fixed.
+            assert isinstance(stopped.value, ChildWorkflowFailedError)
+            assert sub in message and run_id in message and "CancelledError" in message
+            assert "raised asyncio.CancelledError" in message and "again" in message
+        else:
+            assert "ConversationDivergedError" in message or "disagree" in message
+        with pytest.raises(WorkflowFailureError) as failure:
+            await client.get_workflow_handle(run_id).result()
+        refused = refused_failure(failure.value)
+        assert refused is not None and refused.non_retryable
+        expected_type = (
+            "ChildWorkflowFailedError" if how == "cancelled" else "ConversationDivergedError"
+        )
+        assert refused.type == expected_type
+        # Nothing recorded as failed, in the parent or the child.
+        for logged in (run_id, sub):
+            assert not _FAILURES & {e.wire_name for e in world.read_run_log(logged)}
+        state = replay_run(world, run_id).state
+        assert state.status == "running" and state.error is None
+        assert replay_run(world, sub).state.steps["trip"].status == "running"
+        _TRIP["how"] = ""
+        output = await asyncio.wait_for(engine.run(world, parent, {}, run_id=run_id), 60)
+    assert output == expected.output
+    assert _ENDED_CALLS["before"] == 1 and _ENDED_CALLS["trip"] == 2
+    assert not _FAILURES & {e.wire_name for e in world.read_run_log(run_id)}
+
+
 @pytest.mark.backends("memory")
 async def test_the_older_subworkflow_path_refuses_a_child_ended_with_its_log_unfinished(
     world: World,
 ) -> None:
     """Histories from before hosted subworkflow steps report a child's end to
     ``fail_subworkflow``: a child whose log shows it running is refused there (recorded as
-    nothing, marked a refusal), one whose log shows it failed is still the step's failure."""
+    nothing, marked a refusal: ended outside little_es, or failed by its own error, as the
+    workflow says), one whose log shows it failed is still the step's failure."""
     parent = _ENDED_PARENTS["subworkflow"]
     activities = LittleActivities(world, [parent])
 
@@ -1811,6 +1931,14 @@ async def test_the_older_subworkflow_path_refuses_a_child_ended_with_its_log_unf
     assert _events(world, "run_old_path") == logged
     marked = to_application_error(refused.value)
     assert marked.details == (REFUSED_MARKER,) and marked.non_retryable
+    # A child workflow that failed by an error of its own, its log unfinished: refused
+    # with that error, not as ended outside little_es.
+    stray = ErrorInfo(type="CancelledError", message="step 'hold' raised asyncio.CancelledError")
+    own = terminated.model_copy(update={"error": stray, "ended_outside": False})
+    with pytest.raises(ChildWorkflowFailedError, match=r"asyncio\.CancelledError") as failed:
+        await activities.fail_subworkflow(own)
+    assert "outside little_es" not in str(failed.value)
+    assert _events(world, "run_old_path") == logged
     # A child that failed in its log: the step's failure, as before.
     failed = ErrorInfo(type="ValueError", message="the child failed")
     await activities.fail_run(RunFailure(run_id=plan.sub_run_id, error=failed))

@@ -20,6 +20,7 @@ from little_es_temporal.devserver import DevServer, DevServerError, TemporalBina
 from little_es_temporal.engine import TemporalEngine
 from little_es_temporal.errors import (
     ChildWorkflowEndedError,
+    ChildWorkflowFailedError,
     TemporalAdapterError,
     UnregisteredWorkflowError,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "DEFAULT_TASK_QUEUE",
     "WORKFLOW_TYPE",
     "ChildWorkflowEndedError",
+    "ChildWorkflowFailedError",
     "DevServer",
     "DevServerError",
     "LittleActivities",

@@ -65,6 +65,7 @@ from little_es.workflow.paths import parse_step_path
 from little_es.world import World
 from little_es_temporal.errors import (
     ChildWorkflowEndedError,
+    ChildWorkflowFailedError,
     TemporalAdapterError,
     UnregisteredWorkflowError,
     gave_up_error,
@@ -122,6 +123,21 @@ def child_ended_error(
         f" was recorded for it in run {parent_run_id!r}; start run {parent_run_id!r} again"
         " (start_run or TemporalEngine.run with the same run id) to resume it and its"
         " sub-run, which continues from its log"
+    )
+
+
+def child_failed_error(
+    run_id: str, fold: RunFold, parent_run_id: str, step_path: str, failure: ErrorInfo
+) -> ChildWorkflowFailedError:
+    """The refusal for sub-run ``run_id``, whose child workflow failed by ``failure`` (an
+    error of its own, as Temporal reported it) with its log unfinished."""
+    return ChildWorkflowFailedError(
+        f"sub-run {run_id!r} of step {step_path!r} of run {parent_run_id!r}: its child"
+        f" workflow failed with {failure.type}: {failure.message} -- and its log shows it"
+        f" {fold.status}, unfinished, as that error stops a run without recording it."
+        f" Nothing was recorded for it in run {parent_run_id!r}; fix that cause, then start"
+        f" run {parent_run_id!r} again (start_run or TemporalEngine.run with the same run"
+        " id) to resume it and its sub-run, which continues from its log"
     )
 
 
@@ -238,12 +254,21 @@ class TemporalSubRunHost(SubRunHost):
     and one whose wait timed out fails it (:class:`~little_es.errors.SubRunTimedOutError`).
     One whose child workflow ended while its log shows it unfinished (terminated or
     cancelled in Temporal) is a refusal (:class:`~little_es_temporal.ChildWorkflowEndedError`):
-    nothing is recorded, and the parent run, started again, hosts it again.
+    nothing is recorded, and the parent run, started again, hosts it again. So is one
+    whose child workflow failed by an error of its own (``failures``, as the workflow saw
+    it) with its log unfinished, refused with that error
+    (:class:`~little_es_temporal.ChildWorkflowFailedError`).
     """
 
-    def __init__(self, activities: LittleActivities, hosted: Iterable[str]) -> None:
+    def __init__(
+        self,
+        activities: LittleActivities,
+        hosted: Iterable[str],
+        failures: Mapping[str, ErrorInfo] | None = None,
+    ) -> None:
         self.activities = activities
         self.hosted = frozenset(hosted)
+        self.failures = dict(failures or {})
 
     async def run(self, request: HostedRun) -> Any:
         child = self.activities.runs.recorder(request.run_id)
@@ -264,16 +289,29 @@ class TemporalSubRunHost(SubRunHost):
                 # records the stop as its own outcome. (Not hosted just now, the child is
                 # hosted again instead, and resumes under the budget as it is.)
                 raise self._budget_stop(request.run_id)
+            failure = self.failures.get(request.run_id)
             if fold is not None and fold.status in _UNFINISHED:
                 # Not the step's failure: the log says the sub-run is unfinished, as after a
-                # killed process, which a resume continues.
+                # killed process, which a resume continues. Refused with what ended it.
+                if failure is not None:
+                    raise child_failed_error(
+                        request.run_id,
+                        fold,
+                        request.parent_run_id,
+                        request.parent_step_path,
+                        failure,
+                    )
                 raise child_ended_error(
                     request.run_id, fold, request.parent_run_id, request.parent_step_path
                 )
+            reported = (
+                f"{failure.type}: {failure.message}"
+                if failure is not None
+                else "see that workflow's failure in Temporal"
+            )
             raise TemporalAdapterError(
                 f"sub-run {request.run_id!r}: its child workflow ended but its log shows it"
-                f" {fold.status if fold is not None else 'not started'}: see that workflow's"
-                " failure in Temporal"
+                f" {fold.status if fold is not None else 'not started'}: {reported}"
             )
         raise StepSuspendedError((request,))
 
@@ -580,15 +618,20 @@ class LittleActivities:
         The error recorded is the one the local scheduler records: what the child's
         failure raises (:func:`~little_es.engine.executor.failed_run_error`) when its
         log says it failed, else what Temporal reported. A child whose log shows it
-        unfinished (its workflow terminated or cancelled in Temporal) is a refusal
-        instead (:class:`~little_es_temporal.ChildWorkflowEndedError`), recorded as
-        nothing. (Only histories from before
-        :data:`~little_es_temporal.workflow.SUBWORKFLOW_PATCH` call this; newer ones read
-        the child's log in the step activity.)
+        unfinished is a refusal instead, recorded as nothing:
+        :class:`~little_es_temporal.ChildWorkflowEndedError` when its workflow was
+        terminated, cancelled or timed out in Temporal, else
+        :class:`~little_es_temporal.ChildWorkflowFailedError` with its error. (Only
+        histories from before :data:`~little_es_temporal.workflow.SUBWORKFLOW_PATCH` call
+        this; newer ones read the child's log in the step activity.)
         """
         sub_run_id = sub_run_id_for(input.run_id, input.step_path)
         child = self.runs.recorder(sub_run_id)
         if child is not None and child.fold.status in _UNFINISHED:
+            if not input.ended_outside:
+                raise child_failed_error(
+                    sub_run_id, child.fold, input.run_id, input.step_path, input.error
+                )
             raise child_ended_error(sub_run_id, child.fold, input.run_id, input.step_path)
         executor, begun = await self._begun_subworkflow(
             StepInput(run_id=input.run_id, step_path=input.step_path)

@@ -11,7 +11,8 @@ that waits for a signal (or one of its sub-runs) stops the caller with
 caller's next call, once the run is signalled, joins it. A run whose sub-run's child
 workflow was ended outside little_es stops the caller with
 :class:`~little_es_temporal.ChildWorkflowEndedError`, nothing recorded: the next call
-resumes both.
+resumes both; one whose child workflow failed by an error of its own before its log
+recorded an end, with :class:`~little_es_temporal.ChildWorkflowFailedError` naming it.
 """
 
 from __future__ import annotations
@@ -96,7 +97,8 @@ class TemporalEngine(RunEngine):
             refused = refusal_error(exc)
             if refused is not None:
                 # The adapter's own refusal (a sub-run's child workflow ended outside
-                # little_es): raised as itself, as a local run raises a refusal.
+                # little_es, or failed unrecorded): raised as itself, as a local run raises
+                # a refusal.
                 raise refused from exc
             raise TemporalAdapterError(
                 f"run {run_id!r} stopped on Temporal without failing in its log"

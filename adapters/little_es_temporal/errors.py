@@ -21,6 +21,7 @@ from little_es_temporal.models import GAVE_UP_MARKER, REFUSED_MARKER
 
 __all__ = [
     "ChildWorkflowEndedError",
+    "ChildWorkflowFailedError",
     "TemporalAdapterError",
     "UnregisteredWorkflowError",
     "gave_up_error",
@@ -49,6 +50,22 @@ class ChildWorkflowEndedError(TemporalAdapterError, RuntimeIntegrityError):
     ``RunFailed``, no new harness session), its workflow fails with this error, and
     starting the parent run again resumes it and hosts the sub-run again, which
     continues from its own log.
+
+    Only for a child workflow terminated, cancelled or timed out in Temporal; one that
+    failed by an error of its own before its log recorded an end is a
+    :class:`ChildWorkflowFailedError`.
+    """
+
+
+class ChildWorkflowFailedError(TemporalAdapterError, RuntimeIntegrityError):
+    """A sub-run's child workflow failed by an error of its own (not one its log records)
+    while the sub-run's log shows it unfinished.
+
+    An error that stops a run without recording its end (a step's stray
+    ``asyncio.CancelledError``, an adapter error, a worker without the run's definition):
+    the message names it. Not the parent's step's failure, as the log records none: a
+    refusal, as :class:`ChildWorkflowEndedError` is; nothing is recorded in the parent,
+    and once the cause is fixed, starting the parent run again resumes it and its sub-run.
     """
 
 
@@ -87,6 +104,7 @@ def to_application_error(exc: BaseException) -> ApplicationError:
 
 _REFUSALS: dict[str, type[LittleEsError]] = {
     ChildWorkflowEndedError.__qualname__: ChildWorkflowEndedError,
+    ChildWorkflowFailedError.__qualname__: ChildWorkflowFailedError,
 }
 """The adapter's own refusals, by the type name their Temporal failures carry."""
 
@@ -95,7 +113,8 @@ def refusal_error(failure: BaseException) -> LittleEsError | None:
     """The adapter's refusal that ended a workflow, rebuilt from its Temporal ``failure``.
 
     Looks down the failure's causes for the refusal (:data:`REFUSED_MARKER`) of one of
-    the adapter's own refusals (:class:`ChildWorkflowEndedError`); None when there is
+    the adapter's own refusals (:class:`ChildWorkflowEndedError`,
+    :class:`ChildWorkflowFailedError`); None when there is
     none, so a caller such as ``TemporalEngine`` raises what a local run would.
     """
     refused = refused_failure(failure)

@@ -229,7 +229,7 @@ async def _run_step(
             if step_input.hosted_attempt not in (None, begun.attempt):
                 # A later attempt than the one its sub-runs just ran for: they run again.
                 hosted = ()
-            host = TemporalSubRunHost(activities, hosted)
+            host = TemporalSubRunHost(activities, hosted, step_input.hosted_failures)
             executor.host = host
             if isinstance(step, (SubworkflowStep, WaitStep)):
                 # No code of the user's: the executor reserves the sub-run and hosts it,

@@ -164,12 +164,18 @@ class StepInput(_Frozen):
     for its attempt ``hosted_attempt`` (None: any). A later attempt (Temporal
     retrying the activity after a recorded failure) hosts them again: a
     subworkflow step's sub-run id is the same on every attempt.
+
+    ``hosted_failures``: those of them whose child workflow failed by an error of its
+    own (not terminated, cancelled or timed out in Temporal), with that error as Temporal
+    reported it; a child whose log shows it unfinished is refused with it
+    (:class:`~little_es_temporal.ChildWorkflowFailedError`), not as ended outside little_es.
     """
 
     run_id: str
     step_path: str
     hosted: tuple[str, ...] = ()
     hosted_attempt: int | None = None
+    hosted_failures: dict[str, ErrorInfo] = Field(default_factory=dict)
 
 
 class SubRunStart(_Frozen):
@@ -247,11 +253,16 @@ class SubRunPlan(_Frozen):
 
 
 class SubRunFailure(_Frozen):
-    """A subworkflow step's child run failed; ``error`` is what Temporal reported."""
+    """A subworkflow step's child run failed; ``error`` is what Temporal reported.
+
+    ``ended_outside``: its workflow was terminated, cancelled or timed out in Temporal
+    (True where the workflow did not say: what was assumed before the field existed).
+    """
 
     run_id: str
     step_path: str
     error: ErrorInfo
+    ended_outside: bool = True
 
 
 class StepRetry(_Frozen):

@@ -42,7 +42,14 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy as TemporalRetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    CancelledError,
+    ChildWorkflowError,
+    TerminatedError,
+)
+from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from little_es import errors as _errors
@@ -189,6 +196,11 @@ def _refusal_cancels_branches(error: BaseException) -> bool:
     return integrity and workflow.patched(BRANCH_REFUSAL_PATCH)
 
 
+def _ended_outside(error: ChildWorkflowError) -> bool:
+    # Terminated, cancelled or timed out in Temporal, not failed by an error of its own.
+    return isinstance(error.cause, TerminatedError | CancelledError | TemporalTimeoutError)
+
+
 def _describe(error: BaseException) -> ErrorInfo:
     # The innermost application failure says what went wrong in the child.
     inner: BaseException = error
@@ -274,8 +286,9 @@ class LittleRunWorkflow:
             return await self._subworkflow(step, path)
         hosted: tuple[str, ...] = ()
         hosted_attempt: int | None = None
+        hosted_failures: dict[str, ErrorInfo] = {}
         while True:
-            done = await self._run_step(step, path, hosted, hosted_attempt)
+            done = await self._run_step(step, path, hosted, hosted_attempt, hosted_failures)
             if done.waiting:
                 # Histories from before durable waits never reach here; the patch marks
                 # the ones that do.
@@ -288,12 +301,17 @@ class LittleRunWorkflow:
             # histories from before this existed never reach here, the patch marks
             # the ones that do.
             workflow.patched(SUB_RUNS_PATCH)
-            await self._host(done.suspended)
+            hosted_failures = await self._host(done.suspended)
             hosted = tuple(start.run_id for start in done.suspended)
             hosted_attempt = done.attempt
 
     async def _run_step(
-        self, step: StepIR, path: str, hosted: tuple[str, ...], hosted_attempt: int | None
+        self,
+        step: StepIR,
+        path: str,
+        hosted: tuple[str, ...],
+        hosted_attempt: int | None,
+        hosted_failures: dict[str, ErrorInfo],
     ) -> StepDone:
         heartbeat = self._timeouts.heartbeat
         try:
@@ -304,6 +322,7 @@ class LittleRunWorkflow:
                     step_path=path,
                     hosted=hosted,
                     hosted_attempt=hosted_attempt,
+                    hosted_failures=hosted_failures,
                 ),
                 result_type=StepDone,
                 start_to_close_timeout=(
@@ -341,15 +360,19 @@ class LittleRunWorkflow:
         except TimeoutError:
             workflow.logger.info("run %s: a wait's deadline passed", self._run_id)
 
-    async def _host(self, starts: tuple[SubRunStart, ...]) -> None:
+    async def _host(self, starts: tuple[SubRunStart, ...]) -> dict[str, ErrorInfo]:
         """Run each sub-run as a child workflow (id = sub-run id) and wait for them all.
 
         At most the smallest ``max_concurrency`` among ``starts`` run at once in the
         whole run (``start_workflow_tool``'s bound per parent run, as the local engine
         applies it: the branches of a parallel group share it); none given: all at
         once. A child that failed is left to the step, run again, to read from the
-        child's log; a refusal (or a stop) is the run's: nothing more runs.
+        child's log; a refusal (or a stop) is the run's: nothing more runs. Returns the
+        children that failed by an error of their own (not terminated, cancelled or
+        timed out in Temporal), with that error, for the step to tell from those ended
+        outside little_es.
         """
+        failures: dict[str, ErrorInfo] = {}
 
         async def child(start: SubRunStart) -> None:
             arg = RunInput(
@@ -384,6 +407,8 @@ class LittleRunWorkflow:
                     raise ApplicationError(
                         refused.message, REFUSED_MARKER, type=refused.type, non_retryable=True
                     ) from None
+                if not _ended_outside(exc):
+                    failures[start.run_id] = _describe(exc)
 
         limits = [s.max_concurrency for s in starts if s.max_concurrency is not None]
         by_key = {str(n): start for n, start in enumerate(starts)}
@@ -400,15 +425,16 @@ class LittleRunWorkflow:
                     await child(by_key[key])
 
             await gather_branches(list(by_key), None, gated)
-            return
+            return failures
         if limits and workflow.patched(SUB_RUN_LIMIT_PATCH):
 
             async def keyed(key: str) -> None:
                 await child(by_key[key])
 
             await gather_branches(list(by_key), min(limits), keyed)
-            return
+            return failures
         await asyncio.gather(*(child(start) for start in starts))
+        return failures
 
     async def _parallel(self, step: StepIR, path: str, visit: int) -> StepDone:
         try:
@@ -472,7 +498,12 @@ class LittleRunWorkflow:
                         type=refused.type,
                         non_retryable=True,
                     ) from None
-                failure = SubRunFailure(run_id=self._run_id, step_path=path, error=_describe(exc))
+                failure = SubRunFailure(
+                    run_id=self._run_id,
+                    step_path=path,
+                    error=_describe(exc),
+                    ended_outside=_ended_outside(exc),
+                )
                 retry: StepRetry = await self._bookkeeping(FAIL_SUBWORKFLOW, failure, StepRetry)
                 if not retry.will_retry:
                     raise _GaveUpError(path, failure.error.message) from exc
