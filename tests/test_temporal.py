@@ -55,6 +55,7 @@ from little_es_temporal.models import (
 )
 from little_es_temporal.workflow import (
     BRANCH_REFUSAL_PATCH,
+    CHILD_REFUSAL_PATCH,
     RUN_SUB_RUN_LIMIT_PATCH,
     SUB_RUN_LIMIT_PATCH,
     SUBWORKFLOW_PATCH,
@@ -1770,6 +1771,84 @@ async def test_a_child_workflow_ended_outside_little_es_refuses_its_parent_then_
     log = [e.wire_name for e in world.read_run_log(run_id)]
     assert not _FAILURES & set(log)
     assert log.count("harness.session.started") == (1 if kind == "orchestrator" else 0)
+    await _replay_history(history)
+
+
+_FAN_HOLD = {"on": True}
+
+
+async def _ended_fan_work(ctx: StepContext) -> str:
+    key = str(ctx.input["key"])
+    _ENDED_CALLS[f"work {key}"] += 1
+    if _FAN_HOLD["on"] and key in ("a", "b"):
+        try:
+            # a: held until its child workflow is terminated; b: still running then.
+            await asyncio.sleep(3600 if key == "a" else 5)
+        except asyncio.CancelledError:
+            _ENDED_CALLS[f"work {key} cancelled"] += 1
+            raise
+    return key
+
+
+def _ended_fan_input(ctx: StepContext) -> dict[str, Any]:
+    return {"key": ctx.branch_key}
+
+
+_ENDED_FAN_CHILD = Workflow("t_ended_fan_child", version="1", steps=[task("work", _ended_fan_work)])
+_ENDED_FAN = Workflow(
+    "t_ended_fan",
+    version="1",
+    steps=[
+        parallel(
+            "fan",
+            branches=lambda ctx: ["a", "b", "c"],
+            step=subworkflow("sub", _ENDED_FAN_CHILD, input=_ended_fan_input),
+            max_concurrency=2,
+        )
+    ],
+)
+
+
+@pytest.mark.backends("memory")
+async def test_a_child_workflow_ended_outside_little_es_in_one_branch_stops_the_others(
+    client: Client, world: World
+) -> None:
+    """A branch refused with ChildWorkflowEndedError stops its group as an integrity refusal
+    does: the branch waiting for its turn never starts, the running one is cancelled with
+    its call in flight (nothing recorded), and the parent, run again, resumes them all."""
+    _FAN_HOLD["on"] = True
+    _ENDED_CALLS.clear()
+    run_id = "run_ended_fan"
+    queue = _queue()
+    engine = TemporalEngine(client, task_queue=queue, timeouts=_FAST)
+    async with create_worker(client, world, workflows=[_ENDED_FAN], task_queue=queue):
+        driving = asyncio.ensure_future(engine.run(world, _ENDED_FAN, {}, run_id=run_id))
+        await _wait_until(lambda: _ENDED_CALLS["work a"] == 1 and _ENDED_CALLS["work b"] == 1)
+        sub_a = sub_run_id_for(run_id, "fan[a]/sub")
+        await client.get_workflow_handle(sub_a).terminate(reason="an operator ended it")
+        with pytest.raises(ChildWorkflowEndedError, match=sub_a):
+            await asyncio.wait_for(driving, 60)
+        history = await client.get_workflow_handle(run_id).fetch_history()
+        # c never started, b was cut with its call in flight (its activity hears of it at
+        # its next heartbeat); nothing failed or completed.
+        assert _ENDED_CALLS["work c"] == 0
+        await _wait_until(lambda: _ENDED_CALLS["work b cancelled"] == 1, timeout=30)
+        state = replay_run(world, run_id).state
+        assert state.status == "running" and state.error is None
+        assert "fan[c]/sub" not in state.steps
+        assert state.steps["fan[b]/sub"].status == "running"
+        assert not _FAILURES & {e.wire_name for e in world.read_run_log(run_id)}
+        _FAN_HOLD["on"] = False
+        output = await asyncio.wait_for(engine.run(world, _ENDED_FAN, {}, run_id=run_id), 60)
+    assert output == {"a": "a", "b": "b", "c": "c"}
+    assert replay_run(world, run_id).state.steps["fan[a]/sub"].attempts == 1
+    markers = [
+        str(e.marker_recorded_event_attributes)
+        for e in history.events
+        if e.HasField("marker_recorded_event_attributes")
+    ]
+    # The patch marker stands where the cancels follow, so older histories replay as before.
+    assert any(CHILD_REFUSAL_PATCH in marker for marker in markers)
     await _replay_history(history)
 
 

@@ -57,7 +57,11 @@ with workflow.unsafe.imports_passed_through():
     from little_es.errors import RuntimeIntegrityError, VisitLimitError, WorkflowChangedError
     from little_es.values import ErrorInfo
     from little_es.workflow.ir import RetryPolicy, StepIR
-    from little_es_temporal.errors import refused_failure
+    from little_es_temporal.errors import (
+        ChildWorkflowEndedError,
+        ChildWorkflowFailedError,
+        refused_failure,
+    )
     from little_es_temporal.models import (
         BEGIN_SUBWORKFLOW,
         COMPLETE_GROUP,
@@ -90,6 +94,7 @@ with workflow.unsafe.imports_passed_through():
 __all__ = [
     "BRANCH_REFUSAL_PATCH",
     "BUDGET_SUB_RUN_PATCH",
+    "CHILD_REFUSAL_PATCH",
     "RUN_SUB_RUN_LIMIT_PATCH",
     "SUBWORKFLOW_PATCH",
     "SUB_RUNS_PATCH",
@@ -160,6 +165,16 @@ BRANCH_REFUSAL_PATCH = "little_es.refusal-cancels-branches"
 Asked only when a branch refused, so a history records the marker only where the
 cancels follow it; one from before replays with every branch run to its end."""
 
+CHILD_REFUSAL_PATCH = "little_es.child-refusal-cancels-branches"
+"""The patch id of a parallel group whose other branches are cancelled when one refuses with
+the adapter's own refusal (:class:`~little_es_temporal.ChildWorkflowEndedError`,
+:class:`~little_es_temporal.ChildWorkflowFailedError`), as for an integrity refusal. Asked
+only then; histories from before ran every other branch to its end."""
+
+_CHILD_REFUSALS = frozenset(
+    kind.__qualname__ for kind in (ChildWorkflowEndedError, ChildWorkflowFailedError)
+)
+
 SUBWORKFLOW_PATCH = "little_es.hosted-subworkflow-steps"
 """The patch id of subworkflow steps run as a step activity through the sub-run host."""
 
@@ -193,7 +208,15 @@ def _refusal_cancels_branches(error: BaseException) -> bool:
     refused = refused_failure(error)
     kind = getattr(_errors, refused.type or "", None) if refused is not None else None
     integrity = isinstance(kind, type) and issubclass(kind, RuntimeIntegrityError)
-    return integrity and workflow.patched(BRANCH_REFUSAL_PATCH)
+    if integrity:
+        return workflow.patched(BRANCH_REFUSAL_PATCH)
+    # The adapter's own refusals (a sub-run's child workflow that ended unfinished) are
+    # integrity refusals too, named outside little_es.errors.
+    return (
+        refused is not None
+        and refused.type in _CHILD_REFUSALS
+        and workflow.patched(CHILD_REFUSAL_PATCH)
+    )
 
 
 def _ended_outside(error: ChildWorkflowError) -> bool:
