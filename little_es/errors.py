@@ -57,6 +57,7 @@ handle a family::
     ├── RunStoppedError                      the run was stopped on purpose; resumable
     │   ├── RunCancelledError                `little cancel` / cancel_run
     │   ├── BudgetExceededError              the next model call would start past a budget
+    │   ├── ModelUnavailableError            the model's provider kept failing: resume later
     │   ├── RunWaitingError                  the run waits for a signal (a person, a system)
     │   └── WaitTimedOutError                a wait's deadline passed before its signal came
     ├── SignalError (ValueError)             a signal the run cannot take; nothing recorded
@@ -455,7 +456,8 @@ class StepSuspendedError(LittleEsError):
 
 
 class RunStoppedError(LittleEsError):
-    """The run was stopped on purpose (cancelled, or out of budget), not by a failure.
+    """The run was stopped (cancelled, out of budget, waiting, its model's provider not
+    answering), not by a failure.
 
     Nothing of the work it interrupted is recorded as a failure: no
     ``StepFailed``, no retry spent, the step in flight stays in flight (an agent
@@ -516,6 +518,47 @@ class BudgetExceededError(RunStoppedError):
             f"run {run_id!r} stopped{at} before a model call: {scope} has spent {spent}."
             " Resume it with a larger budget (run_workflow(..., budget=Budget(...)), little"
             " resume --budget-...) to continue; nothing committed runs again",
+        )
+
+
+class ModelUnavailableError(RunStoppedError):
+    """A model call still failed with a retryable error (a 429, a 5xx, no answer) when the
+    agent step's tries ran out: the run stopped with the call in flight.
+
+    Not a failure of the step: a new attempt would be a new session, which pays again for
+    every answer recorded and runs every committed tool call again. Nothing is recorded;
+    resume the run (``run_workflow`` with the same run id) once the provider answers: its
+    session continues from the log and only this call is made again, as after a crash.
+    ``error`` is the provider's last :class:`ModelError` (None where the stop was rebuilt
+    from its message, as on Temporal).
+    """
+
+    def __init__(
+        self,
+        run_id: str,
+        message: str,
+        *,
+        step_path: str | None = None,
+        error: ModelError | None = None,
+    ) -> None:
+        self.step_path = step_path
+        self.error = error
+        super().__init__(run_id, message)
+
+    @classmethod
+    def after(
+        cls, run_id: str, step_path: str, error: ModelError, tries: int
+    ) -> ModelUnavailableError:
+        """The stop of ``run_id`` at ``step_path``, whose call failed ``tries`` times."""
+        return cls(
+            run_id,
+            f"run {run_id!r} stopped at step {step_path!r}: its model call failed {tries}"
+            f" time{'' if tries == 1 else 's'} ({error}). Nothing was recorded as a failure:"
+            " resume the run (run_workflow with the same run id, little resume) once the"
+            " provider answers, and only this call is made again; give the step a"
+            " RetryPolicy with more max_attempts to try longer in place",
+            step_path=step_path,
+            error=error,
         )
 
 

@@ -194,12 +194,12 @@ async def test_a_call_is_tried_again_in_place_after_the_wait_the_provider_asked_
         return str(answer)
 
     retry = RetryPolicy(max_attempts=3, initial_backoff_s=1.0)
-    assert await model_module.call_model(send, step_path="a", retry=retry) == "ok"
+    assert await model_module.call_model(send, run_id="r", step_path="a", retry=retry) == "ok"
     assert waited == [4.0, 2.0]  # the provider's wait, then the policy's own backoff
     # A refusal for good is not tried again, whatever the policy.
     answers[:] = [ModelError("400", retryable=False), "never"]
     with pytest.raises(ModelError, match=r"^400$"):
-        await model_module.call_model(send, step_path="a", retry=retry)
+        await model_module.call_model(send, run_id="r", step_path="a", retry=retry)
     assert answers == ["never"]
 
 
@@ -223,9 +223,9 @@ async def test_a_wait_in_place_is_short_whatever_the_provider_asks(
         return "ok"
 
     policy = RetryPolicy(max_attempts=3, initial_backoff_s=1.0)
-    assert await model_module.call_model(send, step_path="a", retry=policy) == "ok"
+    assert await model_module.call_model(send, run_id="r", step_path="a", retry=policy) == "ok"
     assert waited == [model_module.MAX_IN_PLACE_WAIT_S] * 2
     waited.clear()
     capped = RetryPolicy(max_attempts=3, initial_backoff_s=1.0, max_backoff_s=3.0)
-    assert await model_module.call_model(send, step_path="a", retry=capped) == "ok"
+    assert await model_module.call_model(send, run_id="r", step_path="a", retry=capped) == "ok"
     assert waited == [3.0, 3.0]

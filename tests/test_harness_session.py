@@ -18,6 +18,7 @@ from little_es.errors import (
     ConversationDivergedError,
     InvalidRunIdError,
     ModelError,
+    ModelUnavailableError,
     SessionInputError,
     ToolError,
     TurnLimitExceededError,
@@ -479,9 +480,12 @@ async def test_model_errors_propagate_and_leave_the_turn_to_be_called_again(
         def fail(request: ModelRequest, retryable: bool = retryable) -> ScriptedReply:
             raise ModelError("provider down", retryable=retryable, provider="acme")
 
-        with pytest.raises(ModelError) as info:
+        # A retryable one is a stop once the step's tries (here one) ran out: the error
+        # the provider gave is kept.
+        with pytest.raises(ModelUnavailableError if retryable else ModelError) as info:
             await _run(world, _model(None, respond=fail), _tools([]))
-        assert info.value.retryable is retryable
+        error = info.value.error if isinstance(info.value, ModelUnavailableError) else info.value
+        assert isinstance(error, ModelError) and error.retryable is retryable
     events = _events(world)
     assert _names(events) == ["harness.session.started", "harness.model.called"]
     outcome = await _run(world, _model(), _tools([]))

@@ -36,7 +36,7 @@ from temporalio.client import Client, WorkflowFailureError
 
 import tests._temporal_support as _support
 from little_es.engine.local import run_workflow
-from little_es.errors import ModelError, RunFailedError, RunWaitingError
+from little_es.errors import ModelError, ModelUnavailableError, RunFailedError, RunWaitingError
 from little_es.events import RunFailed, StepFailed
 from little_es.harness.model import ScriptedModel
 from little_es.harness.tools import tool
@@ -354,21 +354,37 @@ async def test_a_retryable_model_error_is_retried_in_the_same_session(
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-async def test_a_model_error_past_the_steps_tries_fails_the_run_without_a_new_session(
+async def test_a_model_error_past_the_steps_tries_stops_the_run_and_a_resume_goes_on(
     client: Client, tmp_path: Path, engine: str
 ) -> None:
+    # Failed, the step's next attempt would be a new session: turn 1 paid again, order 1
+    # charged again. Stopped, nothing is recorded, and the resume makes only turn 2 again.
     _PROVIDER.update(fail_turn=2, failures=10, failed=0, paid=0)
     _CHARGED.clear()
     with local_world(tmp_path / "world") as world:
         async with _engine(client, world, engine) as kw:
-            with pytest.raises((RunFailedError, WorkflowFailureError)):
-                await _drive(client, world, kw, RATE_LIMITED, "run_429s")
+
+            async def run() -> Any:
+                if "engine" in kw:
+                    return await kw["engine"].run(world, RATE_LIMITED, {}, run_id="run_429s")
+                return (await run_workflow(world, RATE_LIMITED, {}, run_id="run_429s")).output
+
+            with pytest.raises(ModelUnavailableError) as stopped:
+                await run()
+            assert "its model call failed 3 times (429: slow down)" in str(stopped.value)
+            state = replay_run(world, "run_429s").state
+            assert (state.status, state.steps["a"].attempts, state.usage.calls) == (
+                "running",
+                1,
+                1,
+            )
+            assert not [e for e in world.read_run_log("run_429s") if isinstance(e, StepFailed)]
+            assert _CHARGED == [1] and _PROVIDER["failed"] == 3 and _PROVIDER["paid"] == 1
+            _PROVIDER.update(failures=0)
+            assert await run() == "charged all"
         state = replay_run(world, "run_429s").state
-        assert state.status == "failed" and state.steps["a"].attempts == 1
-        assert state.error is not None and state.error.type == "ModelError"
-        assert not state.error.retryable
-        assert "the call was made 3 times (the step's retry)" in state.error.message
-        assert _CHARGED == [1] and _PROVIDER["failed"] == 3 and _PROVIDER["paid"] == 1
+        assert (state.status, state.steps["a"].attempts) == ("completed", 1)
+        assert _CHARGED == [1, 2, 3] and _PROVIDER["paid"] == 4 and state.usage.calls == 4
 
 
 async def test_a_cancel_between_an_activitys_read_and_its_step_start_stops_the_step(

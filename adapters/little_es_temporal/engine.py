@@ -94,11 +94,11 @@ class TemporalEngine(RunEngine):
             fold = _fold(world, run_id)
             if fold is not None and fold.status == "failed" and fold.error is not None:
                 raise failed_run_error(run_id, fold) from exc
-            refused = refusal_error(exc)
+            refused = refusal_error(exc, run_id)
             if refused is not None:
                 # The adapter's own refusal (a sub-run's child workflow ended outside
-                # little_es, or failed unrecorded): raised as itself, as a local run raises
-                # a refusal.
+                # little_es, or failed unrecorded), or a model's provider that kept failing:
+                # raised as itself, as a local run raises it.
                 raise refused from exc
             raise TemporalAdapterError(
                 f"run {run_id!r} stopped on Temporal without failing in its log"

@@ -12,6 +12,7 @@ from little_es.errors import (
     ConcurrencyConflictError,
     LeaseLostError,
     LittleEsError,
+    ModelUnavailableError,
     RunStoppedError,
     RuntimeIntegrityError,
     WorkflowDefinitionError,
@@ -109,17 +110,22 @@ _REFUSALS: dict[str, type[LittleEsError]] = {
 """The adapter's own refusals, by the type name their Temporal failures carry."""
 
 
-def refusal_error(failure: BaseException) -> LittleEsError | None:
-    """The adapter's refusal that ended a workflow, rebuilt from its Temporal ``failure``.
+def refusal_error(failure: BaseException, run_id: str) -> LittleEsError | None:
+    """The refusal or stop that ended run ``run_id``'s workflow with nothing in its log to
+    say so, rebuilt from its Temporal ``failure``.
 
     Looks down the failure's causes for the refusal (:data:`REFUSED_MARKER`) of one of
     the adapter's own refusals (:class:`ChildWorkflowEndedError`,
-    :class:`ChildWorkflowFailedError`); None when there is
-    none, so a caller such as ``TemporalEngine`` raises what a local run would.
+    :class:`ChildWorkflowFailedError`) or of a model's provider that kept failing
+    (:class:`~little_es.errors.ModelUnavailableError`, the run's or a sub-run's); None
+    when there is none, so a caller such as ``TemporalEngine`` raises what a local run
+    would.
     """
     refused = refused_failure(failure)
     if refused is None:
         return None
+    if refused.type == ModelUnavailableError.__qualname__:
+        return ModelUnavailableError(run_id, refused.message)
     kind = _REFUSALS.get(refused.type or "")
     return None if kind is None else kind(refused.message)
 

@@ -501,7 +501,9 @@ class _Recorder:
                 raise error from exc
             return live
 
-        live = await call_model(mapped, step_path=self.step_path, retry=self.retry)
+        live = await call_model(
+            mapped, run_id=self.run_id, step_path=self.step_path, retry=self.retry
+        )
         response = _to_response(live, self.model)
         responded = session.trigger(
             ModelResponded, turn=turn, response=response, step_path=self.step_path

@@ -15,7 +15,7 @@ from typing import Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from little_es.errors import ModelConfigError, ModelError
+from little_es.errors import ModelConfigError, ModelError, ModelUnavailableError
 from little_es.harness.guard import current_guard
 from little_es.values import ModelRequest, ModelResponse, ToolCall, Usage
 from little_es.workflow.ir import RetryPolicy
@@ -36,7 +36,11 @@ MAX_IN_PLACE_WAIT_S = 60.0
 
 
 async def call_model(
-    send: Callable[[], Awaitable[_R]], *, step_path: str, retry: RetryPolicy | None
+    send: Callable[[], Awaitable[_R]],
+    *,
+    run_id: str,
+    step_path: str,
+    retry: RetryPolicy | None,
 ) -> _R:
     """Make one model call of a session's turn, through the step's guard.
 
@@ -45,11 +49,12 @@ async def call_model(
     ``max_attempts`` calls in all, with its backoff between them, each checked by the
     guard as a new call (a cancel or a spent budget stops the run with the call in
     flight); never sooner than the provider asked (``ModelError.retry_after``), and
-    never more than ``max_backoff_s`` or :data:`MAX_IN_PLACE_WAIT_S` apart. A
-    failed step attempt would start a new session, which makes every call and tool
-    call of the conversation again: the answers already recorded are paid for, and
-    the tools already ran. When the tries run out the error is no longer retryable,
-    for the same reason.
+    never more than ``max_backoff_s`` or :data:`MAX_IN_PLACE_WAIT_S` apart. When the
+    tries run out the run stops with the call in flight
+    (:class:`~little_es.errors.ModelUnavailableError`), nothing recorded: a failed step
+    attempt would start a new session, which makes every call and tool call of the
+    conversation again (the answers already recorded paid for again, the tools run
+    again), where a resume continues this one.
     """
     guard = current_guard()
     limit = 1 if retry is None else retry.max_attempts
@@ -61,20 +66,10 @@ async def call_model(
         try:
             return await send()
         except ModelError as exc:
-            if not exc.retryable or limit == 1:
-                raise  # with no retry, the step has no next attempt either
+            if not exc.retryable:
+                raise
             if tries >= limit:
-                raise ModelError(
-                    f"{exc} [the call was made {tries} times (the step's retry); not retried"
-                    " as a new attempt of the step, which would"
-                    " start a new session and make its calls again: give the step a"
-                    " RetryPolicy with more max_attempts, or resume the run once the provider"
-                    " answers]",
-                    retryable=False,
-                    provider=exc.provider,
-                    status=exc.status,
-                    retry_after=exc.retry_after,
-                ) from exc
+                raise ModelUnavailableError.after(run_id, step_path, exc, tries) from exc
             assert retry is not None  # tries < limit
             delay = retry.backoff_for(tries)
             if exc.retry_after is not None:

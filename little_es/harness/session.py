@@ -51,12 +51,13 @@ Failures: a tool that raises, an unknown tool name and invalid arguments are
 recorded as ``harness.tool_call.failed`` and shown to the model. A retryable
 :class:`~little_es.errors.ModelError` is retried in place, the same turn of the
 same session, by the agent step's retry policy
-(:func:`~little_es.harness.model.call_model`); one that is not, or past those
-tries, propagates with the turn's ``harness.model.called`` left without a
-response, and fails the attempt for good: a retry after a recorded
-``StepFailed`` is a new attempt, hence a new session, which would make every
-call again. A process that merely crashed resumes the same attempt and
-re-invokes the model for that turn.
+(:func:`~little_es.harness.model.call_model`); past those tries the run stops
+(:class:`~little_es.errors.ModelUnavailableError`) with the turn's
+``harness.model.called`` left without a response, as a crash leaves it. One that
+is not retryable propagates the same way and fails the attempt for good: a retry
+after a recorded ``StepFailed`` is a new attempt, hence a new session, which would
+make every call again. A resume (after a crash or a stop) continues the same
+attempt and re-invokes the model for that turn.
 """
 
 from __future__ import annotations
@@ -473,7 +474,9 @@ class _SessionLoop:
             self.model_calls_made += 1
             return await self.model.complete(request)
 
-        response = await call_model(send, step_path=self.step_path, retry=self.retry)
+        response = await call_model(
+            send, run_id=self.run_id, step_path=self.step_path, retry=self.retry
+        )
         if not isinstance(response, ModelResponse):
             raise SessionInputError(
                 f"{self._where(turn)}: {type(self.model).__name__}.complete returned"
