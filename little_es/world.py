@@ -31,7 +31,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -332,9 +332,12 @@ def merge_by_timestamp(streams: list[list[Event]]) -> list[Event]:
     return list(heapq.merge(*streams, key=_timestamp))
 
 
-def merge_run_log(run_events: list[Event], sessions: Sequence[list[Event]]) -> list[Event]:
+def merge_run_log(
+    run_events: list[Event], sessions: Sequence[list[Event]], named: Mapping[UUID, datetime]
+) -> list[Event]:
     """A run's stream merged with its sessions' streams: by timestamp, each session
-    after the ``StepStarted`` that names it.
+    after the ``StepStarted`` that names it (``named``: the timestamp of the first one
+    naming each session).
 
     A session's events are written after that ``StepStarted`` (write-ahead), but
     not always by the same clock: a process resuming the step, or a Temporal
@@ -345,10 +348,6 @@ def merge_run_log(run_events: list[Event], sessions: Sequence[list[Event]]) -> l
     before its ``StepStarted`` are ordered as if stamped with it, which keeps
     the order the log was written in.
     """
-    named: dict[UUID, datetime] = {}
-    for e in run_events:
-        if isinstance(e, StepStarted) and e.session_id is not None:
-            named.setdefault(e.session_id, e.timestamp)
     behind = {
         events[0].originator_id: named[events[0].originator_id]
         for events in sessions
@@ -1329,22 +1328,19 @@ class World:
                 run_events, _ = self._read_stream(run_stream_id(run_id), frozenset())
                 if not run_events:
                     raise RunNotFoundError(run_id, self.name)
-                session_ids = list(
-                    dict.fromkeys(
-                        e.session_id
-                        for e in run_events
-                        if isinstance(e, StepStarted) and e.session_id is not None
-                    )
-                )
+                named: dict[UUID, datetime] = {}
+                for e in run_events:
+                    if isinstance(e, StepStarted) and e.session_id is not None:
+                        named.setdefault(e.session_id, e.timestamp)
                 sessions = []
                 skipped = 0
-                for session_id in session_ids:
+                for session_id in named:
                     events, n = self._read_stream(session_id, skip)
                     sessions.append(events)
                     skipped += n
             except EventLogError as exc:
                 raise type(exc)(f"run {run_id!r} in world {self.name}: {exc}") from exc
-            return RunLog(merge_run_log(run_events, sessions), skipped, self.pricer)
+            return RunLog(merge_run_log(run_events, sessions, named), skipped, self.pricer)
 
     def load_run(self, run_id: str) -> Run:
         """The ``Run`` aggregate (from its latest snapshot and later events)."""
