@@ -34,15 +34,22 @@ from little_es.backends.mysql import MySQLBackend, MySQLRunLeases
 from little_es.backends.postgres import PostgresRunLeases
 from little_es.cli import app
 from little_es.durability import RunRecorder
+from little_es.engine.executor import sub_run_id_for
 from little_es.engine.local import run_workflow
-from little_es.errors import ConcurrencyConflictError, LeaseLostError, WorldConfigError
+from little_es.errors import (
+    ConcurrencyConflictError,
+    ConcurrentRunError,
+    LeaseLostError,
+    WorldConfigError,
+)
 from little_es.events import RunFailed, StepFailed
 from little_es.harness.model import ScriptedModel, ScriptedReply
 from little_es.harness.tools import ToolContext, tool
 from little_es.ids import session_stream_id, step_lease_id
+from little_es.orchestrator import start_workflow_tool, sub_run_id_for_call
 from little_es.replay import replay_run
 from little_es.values import ToolCall, Usage
-from little_es.workflow.authoring import Workflow, agent, task
+from little_es.workflow.authoring import Workflow, agent, subworkflow, task
 from little_es.world import World
 from tests.conftest import WorldSpec
 
@@ -419,3 +426,70 @@ def test_mysql_unlock_without_the_right_to_kill_the_holder_says_so(
     finally:
         with world_spec.connect_mysql() as conn, conn.cursor() as cur:
             cur.execute(f"DROP USER '{user}'@'%'")
+
+
+# ------------------------------------------- a sub-run driven by another process
+
+
+def _hold_elsewhere(world: World, run_id: str) -> Any:
+    """Hold ``run_id``'s lease as another process would: outside this context's leases."""
+    held = world.run_lease(run_id)
+    contextvars.Context().run(held.__enter__)
+    return held
+
+
+async def test_a_sub_run_driven_elsewhere_stops_the_parent_without_a_step_failure(
+    world: World,
+) -> None:
+    ran: list[str] = []
+    child = Workflow("leased_child", version="1", steps=[task("c", lambda ctx: ran.append("c"))])
+    parent = Workflow(
+        "leased_parent",
+        version="1",
+        steps=[task("p", lambda ctx: ran.append("p") or "p"), subworkflow("sub", child)],
+    )
+    held = _hold_elsewhere(world, sub_run_id_for("run_parent", "sub"))
+    try:
+        with pytest.raises(ConcurrentRunError, match="another process"):
+            await run_workflow(world, parent, {}, run_id="run_parent")
+    finally:
+        contextvars.Context().run(held.__exit__, None, None, None)
+    # Nothing recorded as the step's failure: no retry spent, no RunFailed.
+    assert not any(isinstance(e, StepFailed | RunFailed) for e in world.read_run_log("run_parent"))
+    done = await run_workflow(world, parent, run_id="run_parent")
+    assert done.state.status == "completed" and ran == ["p", "c"]
+    assert replay_run(world, "run_parent").state.steps["sub"].attempts == 1
+
+
+async def test_a_start_workflow_call_whose_sub_run_is_driven_elsewhere_is_not_its_failure(
+    world: World,
+) -> None:
+    child = Workflow("leased_work", version="1", steps=[task("w", lambda ctx: "worked")])
+    script = [
+        ScriptedReply(
+            tool_calls=(
+                ToolCall(id="c1", name="start_workflow", arguments={"workflow_id": "leased_work"}),
+            )
+        ),
+        ScriptedReply(content="done"),
+    ]
+    model = ScriptedModel(script)
+    flow = Workflow(
+        "leased_orchestrator",
+        version="1",
+        steps=[agent("boss", model=model, tools=[start_workflow_tool([child])], prompt="go")],
+    )
+    session_id = session_stream_id("run_boss", "boss", 1)
+    held = _hold_elsewhere(world, sub_run_id_for_call("run_boss", str(session_id), "c1"))
+    try:
+        with pytest.raises(ConcurrentRunError, match="another process"):
+            await run_workflow(world, flow, {}, run_id="run_boss")
+    finally:
+        contextvars.Context().run(held.__exit__, None, None, None)
+    session = world.load_session(session_id)
+    # The call stays in flight: no tool_call.failed shown to the model, no StepFailed.
+    assert session is not None and session.tool_results == {}
+    assert not any(isinstance(e, StepFailed | RunFailed) for e in world.read_run_log("run_boss"))
+    done = await run_workflow(world, flow, run_id="run_boss")
+    assert done.output == "done" and model.calls == 2
+    assert replay_run(world, "run_boss").state.steps["boss"].attempts == 1

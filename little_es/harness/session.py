@@ -76,6 +76,7 @@ from little_es.backends.base import check_leases
 from little_es.domain import HarnessSession
 from little_es.errors import (
     ApprovalDeniedError,
+    ConcurrencyConflictError,
     ConversationDivergedError,
     RunStoppedError,
     RuntimeIntegrityError,
@@ -634,10 +635,11 @@ class _SessionLoop:
             self._stopped.append(exc)
             self._running -= 1
             return
-        except (RuntimeIntegrityError, WorldStorageError):
-            # A refusal (a sub-run whose log disagrees with its code) or the world's
-            # database failing a sub-run's records: not the tool's failure to show the
-            # model, nothing is recorded for the call, which stays in flight.
+        except (RuntimeIntegrityError, WorldStorageError, ConcurrencyConflictError):
+            # A refusal (a sub-run whose log disagrees with its code), the world's
+            # database failing a sub-run's records, or a sub-run another process drives
+            # (ConcurrentRunError): not the tool's failure to show the model, nothing is
+            # recorded for the call, which stays in flight.
             self._running -= 1
             raise
         except StepSuspendedError as exc:
