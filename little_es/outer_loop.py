@@ -38,6 +38,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from little_es._strict import find_problem, has_long_digit_run
+from little_es.backends.base import check_leases
 from little_es.domain import LoopCycle, OuterLoop
 from little_es.durability import RunRecorder, cancel_run, read_output
 from little_es.engine.engines import LocalEngine, RunEngine
@@ -587,6 +588,9 @@ class _Driver:
         self.log = _log.bind(outer_loop_id=started.outer_loop_id)
 
     def save(self) -> None:
+        # A driver that lost the loop's lease appends nothing more: while an engine ran
+        # a cycle's run elsewhere (Temporal), no run's append of this process checked it.
+        check_leases()
         self.world.save(self.loop)
         self.world.backend.write_outer_loop_view(
             self.started.outer_loop_id, encode_view(loop_view(self.world, self.loop))

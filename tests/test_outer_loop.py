@@ -365,6 +365,44 @@ def test_a_second_driver_of_the_same_loop_is_refused(tmp_path: Path) -> None:
         assert list_outer_loops(world) == ()
 
 
+def test_a_driver_that_lost_the_loops_lease_records_nothing_more(tmp_path: Path) -> None:
+    """The lease is lost while the engine runs a cycle's run elsewhere (Temporal: no run's
+    append in this process checks it meanwhile): the driver stops before its next record."""
+    from little_es.engine.local import run_workflow
+    from little_es.errors import LeaseLostError
+
+    class _Remote(RunEngine):
+        name = "local"
+
+        async def run(
+            self, world: World, workflow: Workflow, input: Mapping[str, Any] | None, *, run_id: str
+        ) -> Any:
+            output = (await run_workflow(world, workflow, input, run_id=run_id)).output
+            if run_id == "loop_lost.cycle-1":
+                assert world.break_lease(_lease_key("loop_lost")) is not None
+            return output
+
+    with local_world(tmp_path / "w") as world:
+        with pytest.raises(LeaseLostError):
+            run_outer_loop_sync(
+                world,
+                planner=proc.make_planner(),
+                workflow=proc.improve,
+                outer_loop_id="loop_lost",
+                max_cycles=3,
+                engine=_Remote(),
+            )
+        loop = load_outer_loop(world, "loop_lost")
+        # Cycle 1 planned and ran; neither its outcome nor a cycle 2 was recorded.
+        assert sorted(loop.cycles) == [1] and loop.cycles[1].completed is None
+        assert world.run_exists("loop_lost.cycle-1")
+        assert not world.run_exists("loop_lost.cycle-2.plan")
+        result = run_outer_loop_sync(
+            world, planner=proc.make_planner(), workflow=proc.improve, outer_loop_id="loop_lost"
+        )
+        assert result.resumed and result.cycles[0].status == "completed"
+
+
 def test_an_edited_view_file_is_rewritten_from_the_log(tmp_path: Path) -> None:
     with local_world(tmp_path / "w") as world:
         run_outer_loop_sync(
