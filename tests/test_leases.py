@@ -379,6 +379,37 @@ def test_unlock_takes_the_leases_of_a_runs_steps_in_flight(
     assert again.exit_code == 0 and "no process holds its lease" in again.stdout
 
 
+@pytest.mark.backends("sqlite", "postgres")
+def test_unlock_takes_the_leases_of_a_runs_sub_runs(world: World, world_spec: WorldSpec) -> None:
+    """A driver stuck in a sub-run holds its lease too: the resumed parent would stop there."""
+    parent = RunRecorder.start(
+        world, run_id="run_up", workflow_id="w", workflow_version="1", ir_hash="h", input={}
+    )
+    parent.step_started("sub", step_id="sub", kind="subworkflow", visit=1, attempt=1)
+    parent.sub_run_reserved("sub", sub_run_id="run_down", workflow_id="c")
+    child = RunRecorder.start(
+        world,
+        run_id="run_down",
+        workflow_id="c",
+        workflow_version="1",
+        ir_hash="h",
+        input={},
+        parent_run_id="run_up",
+        parent_step_path="sub",
+    )
+    child.step_started("a", step_id="a", kind="task", visit=1, attempt=1)
+    with world.run_lease("run_up") as own, world.run_lease("run_down") as sub_lease:
+        shown = CliRunner().invoke(app, ["unlock", "run_up", "--world", world_spec.url])
+        assert shown.exit_code == 1
+        assert "sub-run run_down of run run_up: its lease is held by" in shown.stdout
+        taken = CliRunner().invoke(app, ["unlock", "run_up", "--force", "--world", world_spec.url])
+        assert taken.exit_code == 0, taken.output
+        assert "sub-run run_down of run run_up: took the lease" in taken.stdout
+        for lease in (own, sub_lease):
+            with pytest.raises(LeaseLostError):
+                lease.check()
+
+
 @pytest.mark.backends("postgres")
 def test_unlock_without_the_right_to_terminate_the_holder_says_so(
     world: World, world_spec: WorldSpec

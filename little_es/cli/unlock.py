@@ -2,8 +2,10 @@
 
 A driver that is alive but stuck (stopped, deadlocked, blocked on a call that
 never returns) keeps its lease, so nothing else can resume the run. The leases
-of a run are its own (the local engine's) and those of its steps in flight
-(the Temporal adapter's, one per step). Without ``--force`` the command says
+of a run are its own (the local engine's), those of its steps in flight
+(the Temporal adapter's, one per step) and those of its sub-runs, each with
+its own steps and sub-runs (a driver stuck in a sub-run it drives in its
+process holds the sub-run's lease too). Without ``--force`` the command says
 who holds them (pid and host) and exits 1 if anyone does; with ``--force`` it
 takes them away (SQLite: replaces the lock file, so the holder's next check
 sees another inode; PostgreSQL: terminates the server backend holding the
@@ -28,19 +30,30 @@ from little_es.world import World
 __all__ = ["unlock_command"]
 
 
-def _leases(world: World, run_id: str) -> list[tuple[str, str]]:
-    """(what, lease id) of the run and of each of its steps in flight."""
+def _leases(world: World, run_id: str, seen: set[str] | None = None) -> list[tuple[str, str]]:
+    """(what, lease id) of the run, of each of its steps in flight and of its sub-runs.
+
+    A driver stuck in a sub-run it drives in its own process holds that sub-run's
+    lease too: left to it, the resumed run would stop at the sub-run with
+    ConcurrentRunError.
+    """
+    seen = set() if seen is None else seen
+    seen.add(run_id)
     found = [(f"run {run_id}", run_id)]
     try:
-        steps = replay_run(world, run_id).state.steps
+        state = replay_run(world, run_id).state
     except LittleEsError:
         # No log (a run that never started), or one that cannot be read: the run's lease only.
         return found
     found.extend(
         (f"step {path} of run {run_id}", step_lease_id(run_id, path))
-        for path, step in steps.items()
+        for path, step in state.steps.items()
         if step.status == "running"
     )
+    for sub_run_id in state.sub_run_ids:
+        if sub_run_id not in seen:
+            (_, own), *rest = _leases(world, sub_run_id, seen)
+            found.extend([(f"sub-run {sub_run_id} of run {run_id}", own), *rest])
     return found
 
 
