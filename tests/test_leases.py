@@ -40,6 +40,7 @@ from little_es.errors import (
     ConcurrencyConflictError,
     ConcurrentRunError,
     LeaseLostError,
+    ModelError,
     WorldConfigError,
 )
 from little_es.events import RunFailed, StepFailed
@@ -48,8 +49,9 @@ from little_es.harness.tools import ToolContext, tool
 from little_es.ids import session_stream_id, step_lease_id
 from little_es.orchestrator import start_workflow_tool, sub_run_id_for_call
 from little_es.replay import replay_run
-from little_es.values import ToolCall, Usage
+from little_es.values import ModelRequest, ModelResponse, ToolCall, Usage
 from little_es.workflow.authoring import Workflow, agent, subworkflow, task
+from little_es.workflow.ir import RetryPolicy
 from little_es.world import World
 from tests.conftest import WorldSpec
 
@@ -353,6 +355,42 @@ async def test_a_lost_lease_is_a_refusal_and_the_same_session_continues(world: W
     assert model.calls == 2
     assert ledger[ledger_before:] == ["tool c1", "step publish"]
     assert replay_run(world, "run_lossy").state.steps["agent"].attempts == 1
+
+
+async def test_a_model_call_retried_after_the_lease_was_lost_is_not_made(world: World) -> None:
+    calls: list[str] = []
+
+    class _Flaky:
+        provider, model_id = "scripted", "flaky"
+
+        async def complete(self, request: ModelRequest) -> ModelResponse:
+            calls.append("call")
+            if len(calls) == 1:
+                # Lost while this call is out: the driver that takes the run makes it.
+                world.break_lease("run_flaky")
+                raise ModelError("429: slow down", retryable=True, provider="scripted", status=429)
+            return ModelResponse(content="ok", provider="scripted", model="flaky")
+
+    flow = Workflow(
+        "flaky",
+        version="1",
+        steps=[
+            agent(
+                "a",
+                model=_Flaky(),
+                prompt="hi",
+                retry=RetryPolicy(max_attempts=3, initial_backoff_s=0.01),
+            )
+        ],
+    )
+    with pytest.raises(LeaseLostError, match="run_flaky"):
+        await run_workflow(world, flow, {}, run_id="run_flaky")
+    # Not retried in place without the lease; nothing recorded as a failure.
+    assert calls == ["call"]
+    assert not any(isinstance(e, StepFailed | RunFailed) for e in world.read_run_log("run_flaky"))
+    done = await run_workflow(world, flow, run_id="run_flaky")
+    assert done.output == "ok" and calls == ["call", "call"]
+    assert replay_run(world, "run_flaky").state.steps["a"].attempts == 1
 
 
 @pytest.mark.backends("sqlite")

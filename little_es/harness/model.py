@@ -15,6 +15,7 @@ from typing import Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from little_es.backends.base import check_leases
 from little_es.errors import ModelConfigError, ModelError, ModelUnavailableError
 from little_es.harness.guard import current_guard
 from little_es.values import ModelRequest, ModelResponse, ToolCall, Usage
@@ -48,19 +49,26 @@ async def call_model(
     connection) is retried here, in place, by the agent step's ``retry``: at most
     ``max_attempts`` calls in all, with its backoff between them, each checked by the
     guard as a new call (a cancel or a spent budget stops the run with the call in
-    flight); never sooner than the provider asked (``ModelError.retry_after``), and
-    never more than ``max_backoff_s`` or :data:`MAX_IN_PLACE_WAIT_S` apart. When the
-    tries run out the run stops with the call in flight
-    (:class:`~little_es.errors.ModelUnavailableError`), nothing recorded: a failed step
-    attempt would start a new session, which makes every call and tool call of the
-    conversation again (the answers already recorded paid for again, the tools run
-    again), where a resume continues this one.
+    flight) and each retry by the leases held (a driver that lost the run's during the
+    backoff stops with :class:`~little_es.errors.LeaseLostError`, the call in flight,
+    which the driver that took the run makes); never sooner than the provider asked
+    (``ModelError.retry_after``), and never more than ``max_backoff_s`` or
+    :data:`MAX_IN_PLACE_WAIT_S` apart. When the tries run out the run stops with the
+    call in flight (:class:`~little_es.errors.ModelUnavailableError`), nothing recorded:
+    a failed step attempt would start a new session, which makes every call and tool
+    call of the conversation again (the answers already recorded paid for again, the
+    tools run again), where a resume continues this one.
     """
     guard = current_guard()
     limit = 1 if retry is None else retry.max_attempts
     tries = 0
     while True:
         tries += 1
+        if tries > 1:
+            # The first try follows the commit of its harness.model.called, which checked
+            # the lease; a retry follows a backoff, in which the lease may have been lost
+            # (and the call taken up by the driver that took it).
+            check_leases()
         if guard is not None:
             guard.before_model_call(step_path)
         try:
