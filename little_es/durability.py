@@ -107,6 +107,7 @@ from little_es.backends.base import check_leases
 from little_es.domain import Run
 from little_es.errors import (
     ConcurrencyConflictError,
+    ConcurrentRunError,
     OutputNotSerializableError,
     RunNotFoundError,
     RunStateError,
@@ -310,10 +311,23 @@ class RunRecorder:
 
         The events it holds (:meth:`step_completed` with ``hold``) are triggered again on
         the fresh stream, after what the other writer appended: still held, they are
-        saved by the next commit.
+        saved by the next commit. Unless the other writer completed the same step: only
+        another driver of the run does that (one that lost its lease, whose commit had
+        passed its lease check), and this driver's walk went on with its own result, so
+        it stops with :class:`~little_es.errors.ConcurrentRunError`, holding nothing; a
+        resume continues from the log.
         """
         self.run = self.world.load_run(self.run_id)
         held, self._held = self._held, []
+        for event_class, fields, _ in held:
+            done = self.run.fold.steps.get(fields.get("step_path", ""))
+            if event_class is StepCompleted and done is not None and done.status == "completed":
+                raise ConcurrentRunError(
+                    f"run {self.run_id!r}: step {fields['step_path']!r} was recorded by another"
+                    " process while this one drove the run (a driver that lost its lease, whose"
+                    " commit had passed its check); this one stopped without recording its own"
+                    " result: make sure only one process drives the run, then resume it"
+                )
         for event_class, fields, _ in held:
             self._held.append((event_class, fields, self.run.trigger(event_class, **fields)))
 

@@ -43,7 +43,7 @@ from little_es.errors import (
     ModelError,
     WorldConfigError,
 )
-from little_es.events import RunFailed, StepFailed
+from little_es.events import RunFailed, StepCompleted, StepFailed
 from little_es.harness.model import ScriptedModel, ScriptedReply
 from little_es.harness.tools import ToolContext, tool
 from little_es.ids import session_stream_id, step_lease_id
@@ -305,6 +305,50 @@ def test_a_stale_append_after_takeover_fails_the_version_check(
     assert len(new_world.read_run_log("run_fenced")) == rows
     (step,) = replay_run(new_world, "run_fenced").steps
     assert (step.step_path, step.output) == ("a", "new")
+
+
+@persistent
+async def test_a_stale_commit_landing_before_the_new_driver_appended_is_not_recorded_twice(
+    world_factory: Callable[[], World],
+) -> None:
+    """The stale driver's commit passed its lease check, then it got stuck (in the commit,
+    SIGSTOPped); it lands while the new driver re-runs the step in flight, which has appended
+    nothing yet, so the version check lets it through."""
+    world, stale_world = world_factory(), world_factory()
+    stale: list[RunRecorder] = []
+
+    def x(ctx: Any) -> str:
+        if stale:
+            contextvars.Context().run(
+                stale.pop().step_completed, "x", step_id="x", visit=1, attempt=1, output="stale"
+            )
+        return "new"
+
+    ran: list[Any] = []
+    flow = Workflow(
+        "stale_commit",
+        version="1",
+        steps=[task("x", x), task("y", lambda ctx: ran.append(ctx.outputs["x"]) or "y")],
+    )
+    recorder = RunRecorder.start(
+        stale_world,
+        run_id="run_stale",
+        workflow_id=flow.id,
+        workflow_version="1",
+        ir_hash=flow.ir_hash,
+        input={},
+    )
+    recorder.step_started("x", step_id="x", kind="task", visit=1, attempt=1)
+    stale.append(recorder)
+    with pytest.raises(ConcurrentRunError, match="step 'x' was recorded by another process"):
+        await run_workflow(world, flow, run_id="run_stale")
+    completions = [
+        e.output for e in world.read_run_log("run_stale") if isinstance(e, StepCompleted)
+    ]
+    assert completions == ["stale"] and ran == []
+    done = await run_workflow(world, flow, run_id="run_stale")
+    assert done.output == "y" and ran == ["stale"]
+    assert done.state.visits == {"x": 1, "y": 1}
 
 
 def _lossy_workflow(world: World, model: ScriptedModel, ledger: list[str]) -> Workflow:
