@@ -356,7 +356,9 @@ def cycle_run_id(outer_loop_id: str, cycle: int) -> str:
     return f"{outer_loop_id}.cycle-{cycle}"
 
 
-def _lease_key(outer_loop_id: str) -> str:
+def loop_lease_id(outer_loop_id: str) -> str:
+    """The lease key of the outer loop ``outer_loop_id`` (spelled as a run id), held by its
+    driver (``little unlock OUTER_LOOP_ID`` shows and takes it)."""
     # Spelled as a run id, in a namespace no cycle run can take (a cycle is ``.cycle-N``).
     digest = hashlib.sha256(f"outer-loop\x00{outer_loop_id}".encode()).hexdigest()
     return f"loop-{digest[:40]}"
@@ -993,7 +995,7 @@ async def run_outer_loop(
     budget = None if budget_usd is None else Decimal(str(budget_usd))
     with contextlib.ExitStack() as held:
         try:
-            held.enter_context(world.run_lease(_lease_key(loop_id)))
+            held.enter_context(world.run_lease(loop_lease_id(loop_id)))
         except ConcurrentRunError as exc:
             raise ConcurrentRunError(
                 f"outer loop {loop_id!r} is being driven by another process: this one stopped"

@@ -27,6 +27,7 @@ from typer.testing import CliRunner
 from little_es import (
     ConcurrentRunError,
     EngineUnsupportedError,
+    LeaseLostError,
     ModelRequest,
     ModelResponse,
     OuterLoopMismatchError,
@@ -53,7 +54,7 @@ from little_es import (
 )
 from little_es.cli import app
 from little_es.events import OuterLoopCycleAbandoned
-from little_es.outer_loop import _lease_key, encode_view
+from little_es.outer_loop import encode_view, loop_lease_id
 from little_es.render import render_loop_report
 from little_es.replay import replay_run
 from little_es.testing import CrashRunner
@@ -354,7 +355,7 @@ def test_a_loop_whose_steps_lack_the_engine_is_refused_before_anything_is_writte
 def test_a_second_driver_of_the_same_loop_is_refused(tmp_path: Path) -> None:
     with local_world(tmp_path / "w") as world, local_world(tmp_path / "w") as other:
         refused = pytest.raises(ConcurrentRunError, match="outer loop 'loop_c' is being driven")
-        with other.run_lease(_lease_key("loop_c")), refused:
+        with other.run_lease(loop_lease_id("loop_c")), refused:
             run_outer_loop_sync(
                 world,
                 planner=proc.make_planner(),
@@ -369,7 +370,6 @@ def test_a_driver_that_lost_the_loops_lease_records_nothing_more(tmp_path: Path)
     """The lease is lost while the engine runs a cycle's run elsewhere (Temporal: no run's
     append in this process checks it meanwhile): the driver stops before its next record."""
     from little_es.engine.local import run_workflow
-    from little_es.errors import LeaseLostError
 
     class _Remote(RunEngine):
         name = "local"
@@ -379,7 +379,7 @@ def test_a_driver_that_lost_the_loops_lease_records_nothing_more(tmp_path: Path)
         ) -> Any:
             output = (await run_workflow(world, workflow, input, run_id=run_id)).output
             if run_id == "loop_lost.cycle-1":
-                assert world.break_lease(_lease_key("loop_lost")) is not None
+                assert world.break_lease(loop_lease_id("loop_lost")) is not None
             return output
 
     with local_world(tmp_path / "w") as world:
@@ -605,6 +605,24 @@ def _until_waiting(world: World, loop_id: str, workflow: Workflow, **settings: A
             **settings,
         )
     return waiting.value.run_id
+
+
+def test_unlock_takes_the_leases_of_a_stuck_loop_driver(tmp_path: Path) -> None:
+    """A loop's driver holds the loop's lease and those of the cycle's run it drives."""
+    url = f"sqlite:///{tmp_path / 'w'}"
+    with local_world(tmp_path / "w") as world:
+        run_id = _until_waiting(world, "loop_stuck", _waiting(), max_cycles=2)
+        with world.run_lease(loop_lease_id("loop_stuck")) as loop, world.run_lease(run_id) as run:
+            shown = CliRunner().invoke(app, ["unlock", "loop_stuck", "--world", url])
+            assert shown.exit_code == 1
+            assert "outer loop loop_stuck: its lease is held by" in shown.stdout
+            assert f"run {run_id}: its lease is held by" in shown.stdout
+            taken = CliRunner().invoke(app, ["unlock", "loop_stuck", "--force", "--world", url])
+            assert taken.exit_code == 0, taken.output
+            assert "outer loop loop_stuck: took the lease" in taken.stdout
+            for lease in (loop, run):
+                with pytest.raises(LeaseLostError):
+                    lease.check()
 
 
 def test_a_price_recorded_meanwhile_is_not_drift_of_the_pending_cycle() -> None:

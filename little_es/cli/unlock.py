@@ -5,7 +5,8 @@ never returns) keeps its lease, so nothing else can resume the run. The leases
 of a run are its own (the local engine's), those of its steps in flight
 (the Temporal adapter's, one per step) and those of its sub-runs, each with
 its own steps and sub-runs (a driver stuck in a sub-run it drives in its
-process holds the sub-run's lease too). Without ``--force`` the command says
+process holds the sub-run's lease too). An outer loop's id names the loop's
+lease and those of its pending cycle's planner run and run. Without ``--force`` the command says
 who holds them (pid and host) and exits 1 if anyone does; with ``--force`` it
 takes them away (SQLite: replaces the lock file, so the holder's next check
 sees another inode; PostgreSQL: terminates the server backend holding the
@@ -24,6 +25,7 @@ import typer
 from little_es.cli.common import RunIdArgument, WorldOption, inspection_world
 from little_es.errors import LittleEsError
 from little_es.ids import step_lease_id, validate_run_id
+from little_es.outer_loop import loop_lease_id
 from little_es.replay import replay_run
 from little_es.world import World
 
@@ -57,6 +59,24 @@ def _leases(world: World, run_id: str, seen: set[str] | None = None) -> list[tup
     return found
 
 
+def _loop_leases(world: World, loop_id: str) -> list[tuple[str, str]]:
+    """(what, lease id) of the outer loop ``loop_id`` and of its pending cycle's runs, if
+    the world has such a loop: its driver holds the loop's lease, and those of the run it
+    drives."""
+    try:
+        loop = world.load_outer_loop(loop_id)
+    except LittleEsError:
+        return []
+    if loop is None or loop.started is None:
+        return []
+    found = [(f"outer loop {loop_id}", loop_lease_id(loop_id))]
+    cycle = loop.pending_cycle
+    if cycle is not None:
+        for run_id in (cycle.started.planner_run_id, cycle.started.run_id):
+            found.extend(_leases(world, run_id))
+    return found
+
+
 def unlock_command(
     run_id: RunIdArgument,
     world: WorldOption = None,
@@ -71,7 +91,7 @@ def unlock_command(
     """Show who holds a run's leases; with --force, take them from a stuck holder."""
     validate_run_id(run_id)
     with inspection_world(world) as w:
-        leases = _leases(w, run_id)
+        leases = _leases(w, run_id) + _loop_leases(w, run_id)
         if not force:
             held = [(what, w.lease_holder(lease)) for what, lease in leases]
             held = [(what, holder) for what, holder in held if holder is not None]
