@@ -121,6 +121,16 @@ def frame(prev: bytes, stream_id: UUID, version: int, topic: str, payload: bytes
     return b"".join((_tag, link, digest(link, stream_id, version, topic, payload), payload))
 
 
+def framed(
+    prev: bytes, stream_id: UUID, version: int, topic: str, payload: bytes
+) -> tuple[bytes, bytes]:
+    """:func:`frame` and the row's own digest (what :func:`row_digest` reads back from it):
+    the writer's hot path, which links the next row to it."""
+    link = prev[:LINK_SIZE]
+    own = digest(link, stream_id, version, topic, payload)
+    return b"".join((_tag, link, own, payload)), own
+
+
 def frame_size(data: bytes) -> int:
     """Bytes of ``data``'s frame: 0 for a row without one (written before the chain)."""
     size = _FRAME_SIZES.get(data[0]) if data else None

@@ -72,6 +72,7 @@ from little_es.chain import (
     Verified,
     feed,
     frame,
+    framed,
     is_framed,
     links,
     payload_of,
@@ -772,13 +773,13 @@ class World:
                 continue
             prev = aggregate.chain_digest
             running = aggregate.chain_running.copy()
+            stream_id = aggregate.id
             for event in events:
                 topic, payload = encode(event)
                 version = event.originator_version
-                data = frame(prev, aggregate.id, version, topic, payload)
-                prev = row_digest(data)
+                data, prev = framed(prev, stream_id, version, topic, payload)
                 feed(running, topic, data)
-                stored.append(StoredEvent(aggregate.id, version, topic, data))
+                stored.append(StoredEvent(stream_id, version, topic, data))
             heads[aggregate.id] = (Head(aggregate.version, prev, running.digest()), running)
         if not stored:
             return

@@ -36,7 +36,7 @@ from little_es.events import (
 from little_es.ids import run_stream_id, session_stream_id
 from little_es.pricing import price_usage_exact
 from little_es.testing.logs import append_raw_row
-from little_es.values import Message, ModelResponse, Usage
+from little_es.values import Message, ModelResponse, ToolCall, Usage
 from little_es.world import World
 
 if TYPE_CHECKING:
@@ -615,3 +615,52 @@ def test_a_call_whose_messages_are_implied_stores_their_count(world: World) -> N
     alone = fresh.decode(world.select_stored(session.id)[1])
     assert isinstance(alone, ModelResponded)
     assert (alone.response.provider, alone.response.model) == ("p", "m")
+
+
+def test_a_tool_call_dumps_its_unparsed_arguments_only_when_it_has_them() -> None:
+    # The conversation hash chain of recorded sessions hashes these dumps: the key is
+    # absent when None, in every dump, and present when set.
+    parsed = ToolCall(id="c1", name="echo", arguments={"text": "ok"})
+    unparsed = ToolCall(id="c2", name="echo", unparsed_arguments="{not json")
+    for dump in (
+        parsed.model_dump(),
+        parsed.model_dump(mode="json"),
+        orjson.loads(parsed.model_dump_json()),
+        Message(role="assistant", tool_calls=(parsed,)).model_dump(mode="json")["tool_calls"][0],
+    ):
+        assert dump == {"id": "c1", "name": "echo", "arguments": {"text": "ok"}}
+    assert unparsed.model_dump(mode="json") == {
+        "id": "c2",
+        "name": "echo",
+        "arguments": {},
+        "unparsed_arguments": "{not json",
+    }
+    assert unparsed.model_dump_json(exclude_defaults=True) == (
+        b'{"id":"c2","name":"echo","unparsed_arguments":"{not json"}'.decode()
+    )
+
+
+def test_a_recorded_response_is_stored_byte_for_byte_as_before() -> None:
+    # The payload bytes of a harness.model.responded (the default usage, shared by every
+    # response that reports none, and a tool call without unparsed arguments left out).
+    at = datetime(2025, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+    mapper = PydanticMapper(transcoder=OrjsonTranscoder())
+    calls = (ToolCall(id="c1", name="echo", arguments={"text": "ok"}),)
+    bare = ModelResponse(content="hi", tool_calls=calls, provider="p", model="m")
+    assert bare.usage == Usage()
+    counted = bare.model_copy(update={"usage": Usage(input_tokens=3, output_tokens=1)})
+    payloads = [
+        mapper.encode_payload(
+            ModelResponded(
+                originator_id=uuid4(), originator_version=2, timestamp=at, turn=1, response=r
+            )
+        )[1]
+        for r in (bare, ModelResponse.model_validate(counted.model_dump()))
+    ]
+    assert payloads == [
+        b'{"t":1735787045678901,"u":1,"r":{"content":"hi","tool_calls":[{"id":"c1","name":'
+        b'"echo","arguments":{"text":"ok"}}],"provider":"p","model":"m"}}',
+        b'{"t":1735787045678901,"u":1,"r":{"content":"hi","tool_calls":[{"id":"c1","name":'
+        b'"echo","arguments":{"text":"ok"}}],"usage":{"input_tokens":3,"output_tokens":1},'
+        b'"provider":"p","model":"m"}}',
+    ]
