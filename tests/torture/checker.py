@@ -582,7 +582,14 @@ def check_fork(
 
 # ------------------------------------------------------------------ outer loops
 
-LOOP_HASHES = frozenset({"planner_manifest_hash", "outer_loop_context_hash", "old_manifest_hash"})
+LOOP_HASHES = frozenset(
+    {
+        "planner_manifest_hash",
+        "started_planner_manifest_hash",
+        "outer_loop_context_hash",
+        "old_manifest_hash",
+    }
+)
 """Hashes of a loop's view that hash the loop's own id (in the planner's context)."""
 
 
