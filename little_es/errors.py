@@ -29,6 +29,7 @@ handle a family::
     ├── AggregateConflictError               another writer changed a step's aggregate first
     ├── ConcurrencyConflictError             another writer appended first
     │   └── ConcurrentRunError               another process drives this run
+    │       └── DrivenElsewhereError         ... or a sub-run or session of it
     ├── RunsProjectionError                  the runs read model cannot catch up
     ├── RunStateError                        the log is not where a protocol step needs it
     ├── ArtifactError
@@ -237,6 +238,17 @@ class ConcurrencyConflictError(LittleEsError):
 
 class ConcurrentRunError(ConcurrencyConflictError):
     """Another process is making progress on this run; this one stopped without running anything."""
+
+
+class DrivenElsewhereError(ConcurrentRunError):
+    """Another process drives a part of this run: a sub-run one of its steps (or
+    ``start_workflow`` calls) hosts, or a step's harness session.
+
+    Raised by little_es itself, never recorded as the step's or the call's failure: the
+    run stops with it in flight, and a resume once that process has stopped continues
+    it. (The same error from a step's own code, a ``run_workflow`` it calls, is a
+    :class:`ConcurrentRunError`, the step's failure like any other.)
+    """
 
 
 class RunsProjectionError(LittleEsError):

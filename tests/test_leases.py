@@ -41,6 +41,7 @@ from little_es.errors import (
     ConcurrentRunError,
     LeaseLostError,
     ModelError,
+    RunFailedError,
     WorldConfigError,
 )
 from little_es.events import RunFailed, StepCompleted, StepFailed
@@ -606,3 +607,30 @@ async def test_a_start_workflow_call_whose_sub_run_is_driven_elsewhere_is_not_it
     done = await run_workflow(world, flow, run_id="run_boss")
     assert done.output == "done" and model.calls == 2
     assert replay_run(world, "run_boss").state.steps["boss"].attempts == 1
+
+
+async def test_a_run_its_own_code_finds_driven_elsewhere_is_the_steps_failure(
+    world: World,
+) -> None:
+    """Only little_es's own hosting stops the run: the step's code meeting another
+    process's run is a failure of the step, retried by its policy like any other."""
+    calls: list[int] = []
+    job = Workflow("job", version="1", steps=[task("work", lambda ctx: "worked")])
+
+    async def launch(ctx: Any) -> Any:
+        calls.append(ctx.attempt)
+        return (await run_workflow(world, job, {}, run_id="run_job")).output
+
+    parent = Workflow(
+        "launcher",
+        version="1",
+        steps=[task("launch", launch, retry=RetryPolicy(max_attempts=2, initial_backoff_s=0))],
+    )
+    held = _hold_elsewhere(world, "run_job")
+    try:
+        with pytest.raises(RunFailedError) as failed:
+            await run_workflow(world, parent, {}, run_id="run_launcher")
+    finally:
+        contextvars.Context().run(held.__exit__, None, None, None)
+    assert failed.value.error.type == "ConcurrentRunError"
+    assert calls == [1, 2]

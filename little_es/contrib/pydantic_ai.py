@@ -98,7 +98,7 @@ from little_es.events import (
 from little_es.harness.guard import current_guard
 from little_es.harness.manifest import check_manifest, compute_manifest
 from little_es.harness.model import call_model
-from little_es.harness.session import conversation_hash, implied_messages
+from little_es.harness.session import conversation_hash, implied_messages, save_session
 from little_es.ids import session_stream_id
 from little_es.values import (
     ErrorInfo,
@@ -440,7 +440,7 @@ class _Recorder:
         # A driver that lost its lease appends (and so calls) nothing more.
         check_leases()
         guard = current_guard() if checked_next else None
-        self.world.save(self.session, watch=None if guard is None else guard.watch())
+        save_session(self.world, self.session, None if guard is None else guard.watch())
 
     async def request(
         self, messages: Sequence[_pm.ModelMessage], send: Callable[[], Any]

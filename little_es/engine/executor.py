@@ -93,6 +93,7 @@ from little_es.errors import (
     AggregateConflictError,
     BudgetExceededError,
     ConcurrencyConflictError,
+    DrivenElsewhereError,
     EngineUnsupportedError,
     EventPayloadError,
     RunCancelledError,
@@ -975,12 +976,12 @@ class StepExecutor:
             # The engine hosts sub-runs elsewhere: the attempt stays in flight, nothing
             # is recorded, and the engine runs it again once they finished.
             raise
-        except (RuntimeIntegrityError, WorldStorageError, ConcurrencyConflictError):
+        except (RuntimeIntegrityError, WorldStorageError, DrivenElsewhereError):
             # The log and the code disagree (a changed prompt, a tampered recorded
             # response, a sub-run that refused), the world's database failed the
-            # step's own records (a harness call's commit), or another process got
-            # there first (it drives the step's sub-run: ConcurrentRunError; it
-            # appended to the step's harness session): not the step's failure.
+            # step's own records (a harness call's commit), or another process drives
+            # a part of the run (the step's sub-run, its harness session): not the
+            # step's failure. (A conflict the step's own code meets is.)
             # Recording StepFailed would spend a retry and start a new harness session
             # that re-runs every committed call; nothing is written, the attempt stays
             # in flight, and a resume after the cause is fixed continues it.

@@ -52,6 +52,8 @@ from little_es.engine.executor import (
 from little_es.engine.walk import StepVisit, Walk, branch_path, gather_branches
 from little_es.errors import (
     ConcurrencyConflictError,
+    ConcurrentRunError,
+    DrivenElsewhereError,
     LittleEsError,
     RunFailedError,
     RunRequestError,
@@ -234,6 +236,11 @@ class _InProcessHost(SubRunHost):
             )
         except WaitTimedOutError as exc:
             raise SubRunTimedOutError(exc) from exc
+        except DrivenElsewhereError:
+            raise
+        except ConcurrentRunError as exc:
+            # The sub-run (or its own) is driven by another process: not the step's failure.
+            raise DrivenElsewhereError(str(exc)) from exc
         return result.output
 
 

@@ -72,12 +72,13 @@ import orjson
 from pydantic import BaseModel, ConfigDict
 
 from little_es._strict import check_json_value
-from little_es.backends.base import check_leases
+from little_es.backends.base import StreamWatch, check_leases
 from little_es.domain import HarnessSession
 from little_es.errors import (
     ApprovalDeniedError,
     ConcurrencyConflictError,
     ConversationDivergedError,
+    DrivenElsewhereError,
     RunStoppedError,
     RuntimeIntegrityError,
     RunWaitingError,
@@ -255,6 +256,26 @@ def _implied(
     return rebuilt
 
 
+def save_session(world: World, session: HarnessSession, watch: StreamWatch | None) -> None:
+    """Commit what ``session`` holds (``watch``: see :meth:`World.save`).
+
+    A session another process appended to first has two drivers (one that lost its
+    lease, whose commit had passed its check): a stop with
+    :class:`~little_es.errors.DrivenElsewhereError`, not the step's failure, which
+    would start a new session that makes every call again.
+    """
+    try:
+        world.save(session, watch=watch)
+    except DrivenElsewhereError:
+        raise
+    except ConcurrencyConflictError as exc:
+        raise DrivenElsewhereError(
+            f"harness session {session.id}: another process appended to it first, so it"
+            " drives the same step; this one stopped with nothing more recorded: make sure"
+            " one process drives the run, then resume it"
+        ) from exc
+
+
 async def run_agent_session(
     world: World,
     *,
@@ -392,7 +413,7 @@ class _SessionLoop:
         # record, calls nothing more either.
         check_leases()
         guard = current_guard() if checked_next else None
-        self.world.save(self.session, watch=None if guard is None else guard.watch())
+        save_session(self.world, self.session, None if guard is None else guard.watch())
 
     def _where(self, turn: int) -> str:
         return f"run {self.run_id!r} step {self.step_path!r} (attempt {self.attempt}) turn {turn}"
@@ -635,11 +656,11 @@ class _SessionLoop:
             self._stopped.append(exc)
             self._running -= 1
             return
-        except (RuntimeIntegrityError, WorldStorageError, ConcurrencyConflictError):
+        except (RuntimeIntegrityError, WorldStorageError, DrivenElsewhereError):
             # A refusal (a sub-run whose log disagrees with its code), the world's
-            # database failing a sub-run's records, or a sub-run another process drives
-            # (ConcurrentRunError): not the tool's failure to show the model, nothing is
-            # recorded for the call, which stays in flight.
+            # database failing a sub-run's records, or a sub-run another process drives:
+            # not the tool's failure to show the model, nothing is recorded for the
+            # call, which stays in flight.
             self._running -= 1
             raise
         except StepSuspendedError as exc:
