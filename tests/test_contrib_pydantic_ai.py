@@ -19,7 +19,7 @@ import pytest
 from _pydantic_ai_support import RUN_ID, Answer, ChatServer, build, main, start_server
 from openai import AsyncOpenAI
 from pydantic_ai import Agent, RunContext
-from pydantic_ai.exceptions import ModelQuotaExceededError, ModelServerError
+from pydantic_ai.exceptions import ModelHTTPError, ModelQuotaExceededError, ModelServerError
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models import Model
 from pydantic_ai.models.fallback import FallbackModel
@@ -412,12 +412,26 @@ def test_a_provider_error_without_http_is_retried_in_the_same_session(tmp_path: 
     assert ran == ["add"], "a retry ran the committed tool again"
 
 
-def test_a_provider_error_that_cannot_succeed_later_is_not_retried(tmp_path: Path) -> None:
+@pytest.mark.parametrize("http", [False, True])
+def test_a_provider_error_that_cannot_succeed_later_is_not_retried(
+    tmp_path: Path, http: bool
+) -> None:
     """A spent quota (or credentials refused, an unknown model...) fails the step for good:
-    each retry would be a new session that runs the committed tool again."""
+    each retry would be a new session that runs the committed tool again. So does one
+    that came as an HTTP 429, as OpenAI reports a spent quota."""
     ran: list[str] = []
     sent: list[int] = []
-    wf = _function_workflow(ModelQuotaExceededError("fn", "out of credits"), ran, sent)
+    error: Exception = (
+        ModelHTTPError.for_category(
+            ModelQuotaExceededError,
+            status_code=429,
+            model_name="fn",
+            body={"error": {"code": "insufficient_quota", "message": "out of credits"}},
+        )
+        if http
+        else ModelQuotaExceededError("fn", "out of credits")
+    )
+    wf = _function_workflow(error, ran, sent)
     with local_world(tmp_path / "w") as world:
         with pytest.raises(RunFailedError) as failed:
             asyncio.run(run_workflow(world, wf, {}, run_id="run_quota"))

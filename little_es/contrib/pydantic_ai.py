@@ -366,11 +366,13 @@ def _model_error(exc: BaseException, label: str, provider: str) -> ModelError | 
     or None when it is no provider's error (a bug in the agent's own code)."""
     if isinstance(exc, ModelHTTPError):
         # Pydantic AI's own error says nothing of retrying: a status that cannot
-        # succeed later (400, 401...) must not be tried again.
+        # succeed later (400, 401...) must not be tried again, nor a refusal its
+        # category says is for good (a spent quota is a 429 on OpenAI).
         status = exc.status_code
         return ModelError(
             f"{label}: call failed with HTTP {status}: {exc}",
-            retryable=status in RETRYABLE_STATUSES or status >= 500,
+            retryable=(status in RETRYABLE_STATUSES or status >= 500)
+            and not isinstance(exc, _FINAL),
             provider=provider,
             status=status,
             retry_after=_seconds(getattr(exc, "retry_after", None)),
