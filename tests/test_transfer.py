@@ -291,6 +291,13 @@ class Attached(RunEvent):
     files: tuple[ArtifactRef, ...]
 
 
+class Noted(RunEvent):
+    """A user's own event that mentions, in its data, an artifact of another run."""
+
+    wire_name: ClassVar[str] = "test_transfer.Noted"
+    about: dict[str, Any]
+
+
 def _log_order(world: World) -> list[tuple[str, int]]:
     return [
         (str(n.originator_id), n.originator_version)
@@ -690,18 +697,23 @@ def test_a_users_own_events_move_with_the_cli_which_cannot_import_their_class(
         # Referenced by nothing but the user's event, which the cli cannot decode.
         blob = world.artifacts.put(b"a user's file " * 100, run_id="r", step_path="a")
         world.record_run_event("r", Attached, files=(blob,))
+        # Found in the JSON too, and not refused as a reference copied from another run:
+        # the user's event is the user's to check, and the class's readers may check it.
+        report = world.artifacts.put(b"a report " * 100, run_id="r_other", step_path="make")
+        world.record_run_event("r", Noted, about={"report": report.model_dump(mode="json")})
         before = replay_run(world, "r")
     exported = _little("export", "--world", f"sqlite:///{source_dir}")
     assert exported.returncode == 0, exported.stderr.decode()
     assert b"test_transfer.Approved" in exported.stdout
     imported = _little("import", "--world", f"sqlite:///{target_dir}", stdin=exported.stdout)
     assert imported.returncode == 0, imported.stderr.decode()
-    assert b" 1 artifact " in imported.stdout, imported.stdout
+    assert b" 2 artifacts " in imported.stdout, imported.stdout
     with local_world(target_dir) as target:
         assert [e.approver for e in target.read_run_log("r") if isinstance(e, Approved)] == ["ops"]
         assert replay_run(target, "r") == before
         assert verify_world(target).ok
         assert target.artifacts.get(blob).payload == b"a user's file " * 100
+        assert target.artifacts.get(report).payload == b"a report " * 100
 
 
 # ------------------------------------------------- snapshots, forks, stream lines, header
