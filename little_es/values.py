@@ -376,6 +376,11 @@ class UsageTotals(BaseModel):
         return data
 
 
+MAX_BUDGET_COUNT = 2**64 - 1
+"""The largest ``tokens`` or ``model_calls`` limit: the largest integer the log holds (its JSON
+integers are 64-bit), so a budget that is accepted can be recorded (``BudgetSet``)."""
+
+
 class Budget(_Frozen):
     """Limits on what a run (with its sub-runs) or one agent step may spend on model calls.
 
@@ -388,8 +393,8 @@ class Budget(_Frozen):
     """
 
     usd: Decimal | None = Field(default=None, ge=0, allow_inf_nan=False)
-    tokens: int | None = Field(default=None, ge=0)
-    model_calls: int | None = Field(default=None, ge=0)
+    tokens: int | None = Field(default=None, ge=0, le=MAX_BUDGET_COUNT)
+    model_calls: int | None = Field(default=None, ge=0, le=MAX_BUDGET_COUNT)
 
     def exceeded(self, spent: UsageTotals) -> str | None:
         """What limit ``spent`` has reached, in words, or None while the next call may start."""

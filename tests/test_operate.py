@@ -501,6 +501,24 @@ def test_a_budget_must_be_a_budget(world: World) -> None:
         agent("plan", model=_looping_model(1), prompt="p", budget=3)  # type: ignore[arg-type]
 
 
+def test_a_budget_the_log_cannot_hold_is_refused_before_the_run_starts(world: World) -> None:
+    # The log's integers are 64-bit: a larger limit was taken, RunStarted committed, and
+    # only its BudgetSet refused, leaving a run started without the budget it was given.
+    with pytest.raises(ValueError, match="less than or equal to 18446744073709551615"):
+        Budget(tokens=2**64)
+    with pytest.raises(ValueError, match="less than or equal to 18446744073709551615"):
+        Budget(model_calls=10**30)
+    wf = Workflow("b-flow", steps=[task("a", lambda ctx: 1)])
+    _run(world, wf, "run_big_budget", {}, budget=Budget(tokens=2**64 - 1))
+    assert replay_run(world, "run_big_budget").state.budget == Budget(tokens=2**64 - 1)
+    result = CliRunner().invoke(
+        app, ["resume", "run_big_budget", "--workflow", "x:y", "--budget-calls", str(2**64)]
+    )
+    assert result.exit_code != 0
+    assert "--budget-calls 18446744073709551616" in result.output, result.output
+    assert "--budget-usd" not in result.output.split(":")[0]
+
+
 class _Writer:
     """Where a guard reads its run's position and makes its check: the real executor's
     calls, answered here so the guard's own bookkeeping can be watched."""

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import orjson
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.live import Live
 
@@ -22,7 +23,7 @@ from little_es.engine.local import run_workflow
 from little_es.errors import RunNotFoundError, RunStoppedError, RunWaitingError, WorkflowRefError
 from little_es.events import Event
 from little_es.render import StepBoard, escape, signal_command_text
-from little_es.values import Budget
+from little_es.values import MAX_BUDGET_COUNT, Budget
 from little_es.workflow.authoring import Workflow
 from little_es.world import open_world
 
@@ -78,8 +79,21 @@ def _budget(usd: str | None, tokens: int | None, calls: int | None) -> Budget | 
         return None
     try:
         return Budget(usd=usd, tokens=tokens, model_calls=calls)
-    except ValueError as exc:
-        raise WorkflowRefError(f"--budget-usd {usd!r} is not a number of dollars >= 0") from exc
+    except ValidationError as exc:
+        options = {
+            "usd": "--budget-usd",
+            "tokens": "--budget-tokens",
+            "model_calls": "--budget-calls",
+        }
+        given = {"usd": usd, "tokens": tokens, "model_calls": calls}
+        problems = "; ".join(
+            f"{options[str(e['loc'][0])]} {given[str(e['loc'][0])]!r}: {e['msg']}"
+            for e in exc.errors(include_url=False)
+        )
+        raise WorkflowRefError(
+            f"{problems} (--budget-usd takes a number of dollars >= 0, --budget-tokens and"
+            f" --budget-calls a whole number from 0 to {MAX_BUDGET_COUNT})"
+        ) from None
 
 
 def _drive(
