@@ -590,7 +590,7 @@ def cancel_run(
     Returns the event, or None when the run was cancelled already (nothing is
     appended twice). Raises :class:`~little_es.errors.RunNotFoundError` for a run
     that never started and :class:`~little_es.errors.RunStateError` for a
-    completed one (there is nothing left to stop).
+    completed or timed-out one (there is nothing left to stop).
     """
     who = requested_by or f"pid {os.getpid()} on {socket.gethostname()}"
     for attempt in range(_CANCEL_ATTEMPTS):
@@ -602,6 +602,12 @@ def cancel_run(
             return None
         if status == "completed":
             raise RunStateError(f"run {run_id!r} is completed: there is nothing to cancel")
+        if status == "timed_out":
+            # Stopped for good: a cancel, then a resume, would read as a run going on.
+            raise RunStateError(
+                f"run {run_id!r} is timed_out (a wait's deadline passed): it is stopped for"
+                " good and there is nothing to cancel; fork or re-run it to try again"
+            )
         try:
             event = recorder.run.trigger(
                 RunCancelled, reason=reason, requested_by=who, engine=engine

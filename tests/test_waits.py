@@ -21,6 +21,7 @@ from little_es import (
     NoSuchWaitError,
     RunFailedError,
     RunNotFoundError,
+    RunStateError,
     RunWaitingError,
     SignalConsumedError,
     SignalDataError,
@@ -217,7 +218,19 @@ def test_a_timeout_records_its_own_outcome_and_closes_the_wait(world: World) -> 
     assert len(_events(world, "run_t")) == len(events)
     with pytest.raises(NoSuchWaitError, match="timed out"):
         world.signal("run_t", "review", {"approved": True})
+    # Nor cancelled: a cancel and a resume_cancelled=True once turned it `running` for good,
+    # each resume stopping at the timed-out wait.
+    with pytest.raises(RunStateError, match=r"timed_out .*nothing to cancel"):
+        cancel_run(world, "run_t")
+    assert len(_events(world, "run_t")) == len(events)
+    with pytest.raises(WaitTimedOutError):
+        _run_cancelled(world, _flow(timeout=0.2), "run_t")
+    assert replay_run(world, "run_t").state.status == "timed_out"
     assert executed == ["fetch"]
+
+
+def _run_cancelled(world: World, wf: Workflow, run_id: str) -> Any:
+    return asyncio.run(run_workflow(world, wf, None, run_id=run_id, resume_cancelled=True))
 
 
 def test_the_report_and_the_step_board_say_what_a_run_waits_for(world: World) -> None:
