@@ -503,6 +503,17 @@ def _wait_for_signal(
     open_waits = [w for w in named if w.status == "waiting"]
     if status == "cancelled":
         raise NoSuchWaitError(f"run {run_id!r} is cancelled: it takes no signal")
+    if status == "timed_out":
+        # Stopped for good (no resume continues it), though another of its waits is open.
+        late = [
+            f"{w.signal!r} at step {w.step_path!r}"
+            for w in waits.values()
+            if w.status == "timed_out"
+        ]
+        raise NoSuchWaitError(
+            f"run {run_id!r} is timed_out (its wait for signal {', '.join(late) or '?'} timed"
+            " out): it takes no signal; fork or re-run it to try again"
+        )
     if not open_waits:
         taken = [w for w in named if w.status == "signalled"]
         if taken:

@@ -570,6 +570,38 @@ def test_an_approval_that_does_not_come_in_time_times_out(world: World) -> None:
     assert state.steps["ops"].status == "running"  # stopped, not failed
 
 
+def test_a_timed_out_run_takes_no_signal_for_another_of_its_waits(world: World) -> None:
+    # One turn asks for two approvals, one with a deadline: once it passed, the run is
+    # timed_out for good, and the other approval, still open, was taken all the same.
+    deployed.clear()
+    model = ScriptedModel(
+        [
+            ScriptedReply(
+                tool_calls=(
+                    ToolCall(id="h", name="hurry", arguments={"env": "prod"}),
+                    ToolCall(id="d", name="deploy", arguments={"env": "staging"}),
+                )
+            ),
+            ScriptedReply(content="done"),
+        ]
+    )
+    wf = Workflow("late2", steps=[agent("ops", model=model, prompt="go", tools=[hurry, deploy])])
+    with pytest.raises(RunWaitingError):
+        _run(world, wf, "run_late2")
+    time.sleep(0.3)
+    with pytest.raises(WaitTimedOutError):
+        _run(world, wf, "run_late2")
+    state = replay_run(world, "run_late2").state
+    assert state.status == "timed_out"
+    assert state.waits["ops#1:d"].status == "waiting"
+    events = _events(world, "run_late2")
+    digest = state.waits["ops#1:d"].action_digest
+    with pytest.raises(NoSuchWaitError, match=r"is timed_out .*it takes no signal"):
+        world.signal("run_late2", "approval", {"approved": True}, digest=digest)
+    assert len(_events(world, "run_late2")) == len(events)
+    assert deployed == [] and model.calls == 1
+
+
 def test_a_signal_cannot_be_recorded_around_its_checks(world: World) -> None:
     from little_es import UnstorableEventError
 
