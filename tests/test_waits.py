@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from little_es import (
     ApprovalDeniedError,
     NoSuchWaitError,
+    RunCancelledError,
     RunFailedError,
     RunNotFoundError,
     RunStateError,
@@ -49,7 +50,7 @@ from little_es.events import (
     WaitTimedOut,
 )
 from little_es.harness.model import ScriptedModel, ScriptedReply
-from little_es.harness.tools import tool
+from little_es.harness.tools import ToolContext, tool
 from little_es.render import STATUS_STYLES, StepBoard, render_report
 from little_es.replay import replay_run
 from little_es.ui.html import _CSS_COLOURS
@@ -720,3 +721,47 @@ def test_a_branch_out_of_retries_fails_the_run_though_another_waits(
     state = replay_run(world, "run_gated_group").state
     assert state.status == "failed" and state.failed_step_path == "g[bad]/each"
     assert sum(isinstance(e, RunFailed) for e in _events(world, "run_gated_group")) == 1
+
+
+@pytest.mark.parametrize("keys", [["wait", "stop"], ["stop", "wait"]])
+def test_a_branch_that_stops_the_run_stops_it_though_another_waits(
+    world: World, keys: list[str]
+) -> None:
+    # One branch cancels the run and stops at its next model call while the other waits
+    # for an approval: the run is cancelled, in either key order. With the waiting branch
+    # first in key order the driver stopped with RunWaitingError ("send the signal, then
+    # resume"), for a run that takes no signal.
+    deployed.clear()
+
+    @tool
+    def stop_run(ctx: ToolContext) -> str:
+        """Cancel the run, as another process would."""
+        cancel_run(world, ctx.run_id, reason="enough")
+        return "cancelled"
+
+    def respond(request: Any) -> ScriptedReply:
+        first = next(m.content for m in request.messages if m.role == "user")
+        turn = sum(1 for m in request.messages if m.role == "assistant")
+        name = "deploy" if first == "wait" else "stop_run"
+        args = {"env": "prod"} if name == "deploy" else {}
+        return ScriptedReply(tool_calls=(ToolCall(id=f"c{turn}", name=name, arguments=args),))
+
+    wf = Workflow(
+        "stop_or_wait",
+        steps=[
+            parallel(
+                "g",
+                branches=lambda ctx: list(keys),
+                step=agent(
+                    "one",
+                    model=ScriptedModel(respond=respond),
+                    prompt=lambda ctx: ctx.branch_key,
+                    tools=[deploy, stop_run],
+                ),
+            )
+        ],
+    )
+    with pytest.raises(RunCancelledError, match="enough"):
+        _run(world, wf, "run_stop_or_wait")
+    state = replay_run(world, "run_stop_or_wait").state
+    assert state.status == "cancelled" and deployed == []

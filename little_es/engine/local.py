@@ -353,7 +353,7 @@ class _Scheduler:
             group.max_concurrency,
             branch,
             stops_all=_is_refusal,
-            first=lambda error: isinstance(error, _RetriesExhaustedError),
+            rank=_branch_error_rank,
         )
         done = await self.executor.complete_group(group, path, visit, outputs, hold=True)
         return done.output(self.world)
@@ -361,6 +361,15 @@ class _Scheduler:
 
 def _is_refusal(error: BaseException) -> bool:
     return isinstance(error, RuntimeIntegrityError)
+
+
+def _branch_error_rank(error: BaseException) -> int:
+    # A branch out of retries is recorded as the run's failure; then a stop (a cancel, a
+    # budget, a wait that timed out) is the run's outcome, whatever another branch waits
+    # for; a wait is raised only when every branch that stopped waits.
+    if isinstance(error, _RetriesExhaustedError):
+        return 0
+    return 2 if isinstance(error, RunWaitingError) else 1
 
 
 async def run_workflow(

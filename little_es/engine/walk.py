@@ -120,15 +120,16 @@ async def gather_branches(
     run: Callable[[str], Awaitable[T]],
     *,
     stops_all: Callable[[BaseException], bool] = lambda error: False,
-    first: Callable[[BaseException], bool] = lambda error: False,
+    rank: Callable[[BaseException], int] = lambda error: 0,
 ) -> list[T]:
     """``run(key)`` for each branch key, at most ``max_concurrency`` at once (None: all).
 
     Every branch is awaited to its end before the first error is raised, so no
     branch is left running behind the group's failure; the other branches' results
-    are committed meanwhile. The first error in key order is raised, or the first
-    that ``first`` prefers (a branch out of retries, over another's stop: the run
-    must record that failure, or a resume would run the branch again). Except for
+    are committed meanwhile. The error of the lowest ``rank`` is raised, the first in
+    key order among equals (a branch out of retries, over another's stop: the run
+    must record that failure, or a resume would run the branch again; a stop, over
+    another branch's wait: the run is stopped, not waiting). Except for
     an error that ``stops_all`` (a refusal: the engine must stop before it appends
     or executes anything more): the other branches are cancelled at once (those
     waiting for their turn never start, a running one is left with its call in
@@ -159,5 +160,5 @@ async def gather_branches(
         raise stopping[0]
     errors = [result for result in results if isinstance(result, BaseException)]
     if errors:
-        raise next((error for error in errors if first(error)), errors[0])
+        raise min(errors, key=rank)  # min keeps the first of equal rank
     return list(results)  # type: ignore[arg-type]
