@@ -27,15 +27,18 @@ from typing import Any
 
 import pytest
 from little_es_temporal import StepTimeouts, create_replayer, create_worker, signal_run, start_run
-from little_es_temporal.workflow import TIMED_OUT_SUB_RUN_PATCH
+from little_es_temporal.workflow import STOP_ENDS_WAITS_PATCH, TIMED_OUT_SUB_RUN_PATCH
 from pydantic import BaseModel
 from temporalio.client import Client, WorkflowFailureError
 
 import tests._temporal_support as _support
 from little_es.errors import SignalConsumedError, SignalDataError
 from little_es.events import RunWaiting, SignalReceived, StepFailed, WaitTimedOut
+from little_es.harness.model import ScriptedModel, ScriptedReply
+from little_es.harness.tools import tool
 from little_es.replay import replay_run
-from little_es.workflow.authoring import Workflow, subworkflow, task, wait_for
+from little_es.values import Budget, ModelRequest, ToolCall
+from little_es.workflow.authoring import Workflow, agent, parallel, subworkflow, task, wait_for
 from little_es.workflow.context import StepContext
 from little_es.world import World, local_world
 from tests import _waits_proc as wp
@@ -254,3 +257,79 @@ async def test_a_step_stopped_by_another_runs_wait_stops_its_run_on_temporal_as_
             await again.result()
         await asyncio.sleep(0.2)
         assert replay_run(world, "run_t_nested_wait").state.output == {"before": {"go": True}}
+
+
+_DEPLOYED: list[str] = []
+
+
+@tool(requires_approval=True)
+def _deploy(env: str) -> str:
+    """Deploy, once approved."""
+    _DEPLOYED.append(env)
+    return f"deployed to {env}"
+
+
+@tool
+def _look() -> str:
+    """Look around."""
+    return "nothing new"
+
+
+def _wait_or_spend(request: ModelRequest) -> ScriptedReply:
+    # Branch "wait" asks for an approval and waits; branch "spend" calls models until the
+    # run's budget is spent.
+    first = next(m.content for m in request.messages if m.role == "user")
+    turn = sum(1 for m in request.messages if m.role == "assistant")
+    if first == "wait":
+        return ScriptedReply(
+            tool_calls=(ToolCall(id="c", name="_deploy", arguments={"env": "prod"}),)
+        )
+    return ScriptedReply(tool_calls=(ToolCall(id=f"c{turn}", name="_look", arguments={}),))
+
+
+WAIT_OR_SPEND = Workflow(
+    "wait_or_spend",
+    steps=[
+        parallel(
+            "g",
+            branches=lambda ctx: ["wait", "spend"],
+            step=agent(
+                "one",
+                model=ScriptedModel(respond=_wait_or_spend),
+                prompt=lambda ctx: ctx.branch_key,
+                tools=[_deploy, _look],
+                max_turns=50,
+            ),
+        )
+    ],
+)
+
+
+async def test_a_branch_that_stops_the_run_ends_another_branchs_wait_on_temporal_as_locally(
+    client: Client, tmp_path: Path
+) -> None:
+    # Locally the run stops with the budget's error; on Temporal the waiting branch waited
+    # on for its signal, the workflow open while the log said budget_exceeded.
+    _DEPLOYED.clear()
+    queue = f"q-{uuid.uuid4().hex[:12]}"
+    with local_world(tmp_path / "world") as world:
+        async with create_worker(client, world, workflows=[WAIT_OR_SPEND], task_queue=queue):
+            handle = await start_run(
+                client,
+                WAIT_OR_SPEND,
+                {},
+                run_id="run_t_wait_or_spend",
+                task_queue=queue,
+                timeouts=_FAST,
+                budget=Budget(model_calls=4),
+            )
+            with pytest.raises(WorkflowFailureError) as failure:
+                await asyncio.wait_for(handle.result(), 30)
+            history = await handle.fetch_history()
+        state = replay_run(world, "run_t_wait_or_spend").state
+    assert "BudgetExceededError" in repr(failure.value.cause.cause)  # type: ignore[union-attr]
+    assert state.status == "budget_exceeded"
+    assert state.waits["g[wait]/one#1:c"].status == "waiting" and _DEPLOYED == []
+    assert STOP_ENDS_WAITS_PATCH in str(history.events)
+    replayed = await create_replayer().replay_workflow(history, raise_on_replay_failure=False)
+    assert replayed.replay_failure is None, replayed.replay_failure

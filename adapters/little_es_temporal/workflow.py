@@ -96,6 +96,7 @@ __all__ = [
     "BUDGET_SUB_RUN_PATCH",
     "CHILD_REFUSAL_PATCH",
     "RUN_SUB_RUN_LIMIT_PATCH",
+    "STOP_ENDS_WAITS_PATCH",
     "SUBWORKFLOW_PATCH",
     "SUB_RUNS_PATCH",
     "SUB_RUN_LIMIT_PATCH",
@@ -182,6 +183,12 @@ WAITS_PATCH = "little_es.durable-waits"
 """The patch id of a step that waits on a Temporal signal (``wait_for``, ``ask_human``, an
 approval)."""
 
+STOP_ENDS_WAITS_PATCH = "little_es.branch-stop-ends-waits"
+"""The patch id of a parallel group whose branches waiting on a signal stop waiting once
+another branch ended the group with an error (a budget, a cancel, a wait's timeout, retries
+run out), and end with that error, as locally (asked only then, as
+:data:`BRANCH_REFUSAL_PATCH` is; before it they waited on for their signal)."""
+
 _CHILD_FIELDS = {"workflow_id", "workflow_version", "ir_hash", "input", "input_ref"}
 """What a child run's :class:`RunInput` takes from the :class:`SubRunPlan` as it is."""
 
@@ -244,6 +251,12 @@ class LittleRunWorkflow:
         self._timeouts = StepTimeouts()
         self._input: RunInput | None = None
         self._signalled: set[str] = set()
+        # The error the first parallel branch to fail ended with, and, once the patch is
+        # asked for (a wait open then, or one that starts after), the error every
+        # branch waiting ends with too.
+        self._failed: BaseException | None = None
+        self._stop: BaseException | None = None
+        self._waiting = 0
         # One gate per bound, shared by every step of the run that asks with it.
         self._sub_run_gates: dict[int, asyncio.Semaphore] = {}
 
@@ -375,13 +388,32 @@ class LittleRunWorkflow:
             # Deadlines are wall-clock times in the log; workflow.now() is deterministic.
             timeout = max((min(deadlines) - workflow.now()).total_seconds(), 0.0) + 0.05
         ids = {w.wait_id for w in waits}
+        if self._failed is not None:
+            self._end_waits()
+        self._waiting += 1
         try:
             await workflow.wait_condition(
-                lambda: bool(ids & self._signalled),
+                lambda: bool(ids & self._signalled) or self._stop is not None,
                 timeout=None if timeout is None else timedelta(seconds=timeout),
             )
         except TimeoutError:
             workflow.logger.info("run %s: a wait's deadline passed", self._run_id)
+        finally:
+            self._waiting -= 1
+        if self._stop is not None:
+            # Another branch ended the group (see _parallel): locally this branch's wait
+            # ends at once with the walk, and the run stops with that branch's error.
+            raise self._stop
+
+    def _end_waits(self) -> None:
+        """End every wait with the error a parallel branch failed with (:attr:`_failed`).
+
+        Asked only when a wait is open as a branch fails, or starts after: histories
+        from before this waited on, and the patch marks the ones that do not; a history
+        with no such wait gets no marker.
+        """
+        if self._stop is None and workflow.patched(STOP_ENDS_WAITS_PATCH):
+            self._stop = self._failed
 
     async def _host(self, starts: tuple[SubRunStart, ...]) -> dict[str, ErrorInfo]:
         """Run each sub-run as a child workflow (id = sub-run id) and wait for them all.
@@ -474,7 +506,16 @@ class LittleRunWorkflow:
         assert inner is not None
 
         async def branch(key: str) -> StepDone:
-            return await self._leaf(inner, branch_path(step, key, visit))
+            try:
+                return await self._leaf(inner, branch_path(step, key, visit))
+            except Exception as exc:
+                # The group ends with an error: branches that wait for a signal stop
+                # waiting, as locally.
+                if self._failed is None:
+                    self._failed = exc
+                    if self._waiting:
+                        self._end_waits()
+                raise
 
         await gather_branches(
             plan.branch_keys,
