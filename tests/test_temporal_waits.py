@@ -333,3 +333,74 @@ async def test_a_branch_that_stops_the_run_ends_another_branchs_wait_on_temporal
     assert STOP_ENDS_WAITS_PATCH in str(history.events)
     replayed = await create_replayer().replay_workflow(history, raise_on_replay_failure=False)
     assert replayed.replay_failure is None, replayed.replay_failure
+
+
+_CONFIRMED: list[str] = []
+_BUSY: list[int] = []
+
+
+@tool(requires_approval=True, approval_timeout=0.5)
+def _confirm() -> str:
+    """Confirm the release."""
+    _CONFIRMED.append("confirmed")
+    return "confirmed"
+
+
+@tool
+async def _slow() -> str:
+    """Work a while."""
+    await asyncio.sleep(0.3)
+    return "worked"
+
+
+def _late_or_busy(request: ModelRequest) -> ScriptedReply:
+    # Branch "late" asks for an approval that times out; branch "busy" keeps calling.
+    first = next(m.content for m in request.messages if m.role == "user")
+    turn = sum(1 for m in request.messages if m.role == "assistant")
+    if first == "late":
+        return ScriptedReply(tool_calls=(ToolCall(id="c", name="_confirm", arguments={}),))
+    _BUSY.append(turn)
+    if turn >= 20:
+        return ScriptedReply(content="done")
+    return ScriptedReply(tool_calls=(ToolCall(id=f"s{turn}", name="_slow", arguments={}),))
+
+
+LATE_OR_BUSY = Workflow(
+    "late_or_busy",
+    steps=[
+        parallel(
+            "g",
+            branches=lambda ctx: ["late", "busy"],
+            step=agent(
+                "one",
+                model=ScriptedModel(respond=_late_or_busy),
+                prompt=lambda ctx: ctx.branch_key,
+                tools=[_confirm, _slow],
+                max_turns=30,
+            ),
+        )
+    ],
+)
+
+
+async def test_a_timed_out_run_makes_no_more_model_calls_in_its_other_branches(
+    client: Client, tmp_path: Path
+) -> None:
+    # A wait's timer fires while another branch works: the run is stopped for good, and
+    # each model call that branch made after it (20 more, here) was paid for nothing.
+    _CONFIRMED.clear()
+    _BUSY.clear()
+    queue = f"q-{uuid.uuid4().hex[:12]}"
+    with local_world(tmp_path / "world") as world:
+        async with create_worker(client, world, workflows=[LATE_OR_BUSY], task_queue=queue):
+            handle = await start_run(
+                client, LATE_OR_BUSY, {}, run_id="run_t_late", task_queue=queue, timeouts=_FAST
+            )
+            with pytest.raises(WorkflowFailureError):
+                await asyncio.wait_for(handle.result(), 60)
+        state = replay_run(world, "run_t_late").state
+    await asyncio.sleep(0.2)
+    assert state.status == "timed_out" and _CONFIRMED == []
+    # Stopped at its first model call after the deadline (0.5 s; a turn takes 0.3 s).
+    assert state.steps["g[busy]/one"].status == "running"
+    assert len(_BUSY) < 10, _BUSY

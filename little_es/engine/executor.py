@@ -842,15 +842,21 @@ class StepExecutor:
         return self.run_budget
 
     def check_stopped(self, unchanged: Mapping[UUID, int] = NOTHING_READ) -> None:
-        """Raise :class:`~little_es.errors.RunCancelledError` if the run was cancelled
+        """Raise :class:`~little_es.errors.RunCancelledError` if the run was cancelled, and
+        :class:`~little_es.errors.WaitTimedOutError` if one of its waits timed out while
+        another branch went on (on Temporal its timer fires as the others run): the run
+        is stopped for good, and what it would call next is paid for nothing
         (``unchanged``: see :meth:`RunWriter.refresh`)."""
         fold = self.writer.refresh(unchanged)
         if fold.status == "cancelled":
             raise RunCancelledError(self.run_id, fold.stop_reason)
+        if fold.status == "timed_out":
+            raise timed_out_error(self.run_id, fold)
 
     def check_parents_stopped(self, unchanged: Mapping[UUID, int] = NOTHING_READ) -> None:
         """Raise :class:`~little_es.errors.RunCancelledError` if a parent of this sub-run was
-        cancelled: a sub-run stops with its parent, before its next step as before its
+        cancelled (:class:`~little_es.errors.WaitTimedOutError`: timed out): a sub-run stops
+        with its parent, before its next step as before its
         next call. A parent driven in this process is asked through its step's guard;
         one driven elsewhere (a Temporal parent workflow) through its log."""
         if isinstance(self.parent_guard, StepGuard):
@@ -858,6 +864,8 @@ class StepExecutor:
         for parent_id, parent in self.writer.parents():
             if parent.status == "cancelled":
                 raise RunCancelledError(parent_id, parent.stop_reason)
+            if parent.status == "timed_out":
+                raise timed_out_error(parent_id, parent)
 
     def context(
         self,
