@@ -1570,10 +1570,12 @@ _PARENT_OF_CANCELLED = Workflow(
 
 
 async def _first_sub_run(world: World, run_id: str) -> str:
-    for _ in range(200):
+    """The first sub-run ``run_id`` reserved, once its own run has started (reserved, it
+    may have no log yet on a loaded machine: a cancel would find no run)."""
+    for _ in range(400):
         with contextlib.suppress(LookupError):
             ids = replay_run(world, run_id).state.sub_run_ids
-            if ids:
+            if ids and world.run_exists(ids[0]):
                 return ids[0]
         await asyncio.sleep(0.05)
     raise AssertionError(f"run {run_id} started no sub-run")
