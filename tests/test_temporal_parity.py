@@ -36,13 +36,19 @@ from temporalio.client import Client, WorkflowFailureError
 
 import tests._temporal_support as _support
 from little_es.engine.local import run_workflow
-from little_es.errors import ModelError, ModelUnavailableError, RunFailedError, RunWaitingError
+from little_es.errors import (
+    BudgetExceededError,
+    ModelError,
+    ModelUnavailableError,
+    RunFailedError,
+    RunWaitingError,
+)
 from little_es.events import RunFailed, StepFailed
 from little_es.harness.model import ScriptedModel
 from little_es.harness.tools import tool
 from little_es.outer_loop import Planner, run_outer_loop
 from little_es.replay import replay_run
-from little_es.values import ModelRequest, ModelResponse, ToolCall, Usage
+from little_es.values import Budget, ModelRequest, ModelResponse, ToolCall, Usage
 from little_es.workflow.authoring import (
     Workflow,
     agent,
@@ -177,6 +183,40 @@ RATE_LIMITED = Workflow(
 )
 
 
+@tool
+async def _pause(seconds: float) -> str:
+    """Wait a while."""
+    await asyncio.sleep(seconds)
+    return "paused"
+
+
+def _fast_or_slow(request: ModelRequest) -> ModelResponse:
+    # One call a turn, for ever: branch "fast" at once, branch "slow" two seconds apart.
+    first = next(m.content for m in request.messages if m.role == "user")
+    turn = sum(1 for m in request.messages if m.role == "assistant")
+    seconds = 0.0 if first == "fast" else 2.0
+    call = ToolCall(id=f"p{turn}", name="_pause", arguments={"seconds": seconds})
+    return ModelResponse(tool_calls=(call,), usage=Usage(input_tokens=1), provider="p", model="m")
+
+
+SPENDING = Workflow(
+    "spending",
+    steps=[
+        parallel(
+            "g",
+            branches=lambda ctx: ["fast", "slow"],
+            step=agent(
+                "one",
+                model=ScriptedModel(respond=_fast_or_slow),
+                prompt=lambda ctx: ctx.branch_key,
+                tools=[_pause],
+                max_turns=50,
+            ),
+        )
+    ],
+)
+
+
 @asynccontextmanager
 async def _engine(client: Client, world: World, name: str) -> AsyncIterator[Any]:
     """The keyword arguments that run a loop on ``name``, with a worker while needed."""
@@ -192,6 +232,7 @@ async def _engine(client: Client, world: World, name: str) -> AsyncIterator[Any]
         GROUPED,
         SELF_CANCELLING,
         RATE_LIMITED,
+        SPENDING,
     ]
     async with create_worker(client, world, workflows=workflows, task_queue=queue):
         yield {"engine": TemporalEngine(client, task_queue=queue), "queue": queue}
@@ -417,3 +458,32 @@ async def test_a_cancel_between_an_activitys_read_and_its_step_start_stops_the_s
             await StepExecutor(writer, wf).begin(step, "a", 1, catch_up=False)  # type: ignore[arg-type]
         kinds = [type(e).__name__ for e in world.read_run_log("run_raced")]
         assert kinds == ["RunStarted", "RunCancelled"]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_budget_one_branch_spent_stops_the_others_at_their_next_call(
+    client: Client, tmp_path: Path, engine: str
+) -> None:
+    # On Temporal each branch's activity counts its own calls: the slow branch went on to
+    # four calls of its own after the fast one had spent the run's four (8 in all).
+    with local_world(tmp_path / "world") as world:
+        async with _engine(client, world, engine) as kw:
+            with pytest.raises((BudgetExceededError, WorkflowFailureError)):
+                if "queue" in kw:
+                    handle = await start_run(
+                        client,
+                        SPENDING,
+                        {},
+                        run_id="run_spend",
+                        task_queue=kw["queue"],
+                        budget=Budget(model_calls=4),
+                    )
+                    await handle.result()
+                else:
+                    await run_workflow(
+                        world, SPENDING, {}, run_id="run_spend", budget=Budget(model_calls=4)
+                    )
+        state = replay_run(world, "run_spend").state
+    assert state.status == "budget_exceeded"
+    # The fast branch's four, and at most the one the slow branch had in flight.
+    assert state.usage.calls <= 5, state.usage.calls

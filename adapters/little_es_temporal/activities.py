@@ -39,6 +39,7 @@ from little_es.engine.executor import (
     Retry,
     StepExecutor,
     SubRunHost,
+    budget_stop_error,
     check_engine,
     completed_step,
     execute_step,
@@ -48,13 +49,11 @@ from little_es.engine.executor import (
     timed_out_error,
 )
 from little_es.errors import (
-    BudgetExceededError,
     ConcurrencyConflictError,
     RunCancelledError,
     StepSuspendedError,
     SubRunTimedOutError,
 )
-from little_es.events import BudgetExceeded
 from little_es.ids import validate_run_id
 from little_es.logging import get_logger
 from little_es.materialize import RunFold, StepFold
@@ -288,7 +287,7 @@ class TemporalSubRunHost(SubRunHost):
                 # As run_workflow raises it to the parent's step locally: the parent then
                 # records the stop as its own outcome. (Not hosted just now, the child is
                 # hosted again instead, and resumes under the budget as it is.)
-                raise self._budget_stop(request.run_id)
+                raise budget_stop_error(self.activities.world, request.run_id)
             failure = self.failures.get(request.run_id)
             if fold is not None and fold.status in _UNFINISHED:
                 # Not the step's failure: the log says the sub-run is unfinished, as after a
@@ -314,23 +313,6 @@ class TemporalSubRunHost(SubRunHost):
                 f" {fold.status if fold is not None else 'not started'}: {reported}"
             )
         raise StepSuspendedError((request,))
-
-    def _budget_stop(self, run_id: str) -> BudgetExceededError:
-        stops = [
-            e for e in self.activities.world.read_run_log(run_id) if isinstance(e, BudgetExceeded)
-        ]
-        if not stops:
-            raise TemporalAdapterError(
-                f"sub-run {run_id!r} is out of budget but its log holds no BudgetExceeded"
-            )
-        stop = stops[-1]
-        return BudgetExceededError(
-            run_id,
-            scope=stop.scope,
-            spent=stop.spent,
-            step_path=stop.step_path,
-            unpriced_calls=stop.unpriced_calls,
-        )
 
     def start(self, request: HostedRun) -> SubRunStart:
         """The child workflow to start for ``request``."""

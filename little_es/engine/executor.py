@@ -107,7 +107,7 @@ from little_es.errors import (
     WaitTimedOutError,
     WorldStorageError,
 )
-from little_es.events import Event, utc_now
+from little_es.events import BudgetExceeded, Event, utc_now
 from little_es.harness.guard import CallGuard, guarding
 from little_es.harness.session import run_agent_session
 from little_es.ids import session_stream_id
@@ -145,6 +145,7 @@ __all__ = [
     "StepExecutor",
     "StepGuard",
     "SubRunHost",
+    "budget_stop_error",
     "call_maybe_async",
     "check_engine",
     "check_run_request",
@@ -378,6 +379,22 @@ def timed_out_error(run_id: str, fold: RunFold) -> WaitTimedOutError:
             )
     return WaitTimedOutError(
         run_id, signal="?", step_path=fold.stopped_step_path or "?", deadline="?"
+    )
+
+
+def budget_stop_error(world: World, run_id: str) -> BudgetExceededError:
+    """The :class:`~little_es.errors.BudgetExceededError` of a run whose log says it is out
+    of budget: its last ``BudgetExceeded``, as the driver that stopped raised it."""
+    stops = [e for e in world.read_run_log(run_id) if isinstance(e, BudgetExceeded)]
+    if not stops:
+        raise RunStateError(f"run {run_id!r} is out of budget but its log holds no BudgetExceeded")
+    stop = stops[-1]
+    return BudgetExceededError(
+        run_id,
+        scope=stop.scope,
+        spent=stop.spent,
+        step_path=stop.step_path,
+        unpriced_calls=stop.unpriced_calls,
     )
 
 
@@ -842,16 +859,29 @@ class StepExecutor:
         return self.run_budget
 
     def check_stopped(self, unchanged: Mapping[UUID, int] = NOTHING_READ) -> None:
-        """Raise :class:`~little_es.errors.RunCancelledError` if the run was cancelled, and
+        """Raise :class:`~little_es.errors.RunCancelledError` if the run was cancelled,
         :class:`~little_es.errors.WaitTimedOutError` if one of its waits timed out while
-        another branch went on (on Temporal its timer fires as the others run): the run
-        is stopped for good, and what it would call next is paid for nothing
-        (``unchanged``: see :meth:`RunWriter.refresh`)."""
+        another branch went on (on Temporal its timer fires as the others run: the run is
+        stopped for good, and what it would call next is paid for nothing), and
+        :class:`~little_es.errors.BudgetExceededError` if another branch found the run's
+        budget spent (``unchanged``: see :meth:`RunWriter.refresh`)."""
         fold = self.writer.refresh(unchanged)
         if fold.status == "cancelled":
             raise RunCancelledError(self.run_id, fold.stop_reason)
         if fold.status == "timed_out":
             raise timed_out_error(self.run_id, fold)
+        if fold.status == "budget_exceeded" and self._shares_spent_budget(fold):
+            # Recorded by another branch: on Temporal each branch's activity counts its own
+            # calls, and this one's count may not have reached the limit yet.
+            raise budget_stop_error(self.world, self.run_id)
+
+    def _shares_spent_budget(self, fold: RunFold) -> bool:
+        """Whether the budget ``fold`` says is spent is the one over this whole run (not an
+        agent step's own: the run's other branches go on within theirs). The fold's
+        ``stop_reason`` starts with the scope of the tracker that stopped the run."""
+        tracker = self.budget_tracker()
+        spent = f"{tracker.scope} has spent " if tracker is not None else None
+        return spent is not None and (fold.stop_reason or "").startswith(spent)
 
     def check_parents_stopped(self, unchanged: Mapping[UUID, int] = NOTHING_READ) -> None:
         """Raise :class:`~little_es.errors.RunCancelledError` if a parent of this sub-run was
