@@ -995,7 +995,9 @@ async def run_outer_loop(
     budget = None if budget_usd is None else Decimal(str(budget_usd))
     with contextlib.ExitStack() as held:
         try:
-            held.enter_context(world.run_lease(loop_lease_id(loop_id)))
+            held.enter_context(
+                world.run_lease(loop_lease_id(loop_id), what=f"outer loop {loop_id!r}")
+            )
         except ConcurrentRunError as exc:
             raise ConcurrentRunError(
                 f"outer loop {loop_id!r} is being driven by another process: this one stopped"

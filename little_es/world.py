@@ -1485,9 +1485,10 @@ class World:
             )
         return event
 
-    def run_lease(self, run_id: str) -> AbstractContextManager[Lease]:
-        """Hold the exclusive lease on ``run_id`` (:class:`~little_es.backends.base.RunLeases`)."""
-        return self.leases.hold(validate_run_id(run_id))
+    def run_lease(self, run_id: str, *, what: str | None = None) -> AbstractContextManager[Lease]:
+        """Hold the exclusive lease on ``run_id`` (:class:`~little_es.backends.base.RunLeases`);
+        ``what`` names the holder in the errors of a lost lease (default ``run 'run_id'``)."""
+        return self.leases.hold(validate_run_id(run_id), what=what)
 
     def lease_holder(self, run_id: str) -> str | None:
         """Who holds the lease on ``run_id`` (pid and host), or None when no process does."""

@@ -383,7 +383,8 @@ def test_a_driver_that_lost_the_loops_lease_records_nothing_more(tmp_path: Path)
             return output
 
     with local_world(tmp_path / "w") as world:
-        with pytest.raises(LeaseLostError):
+        # Named as the loop, not as its lease's key (a run id of its own).
+        with pytest.raises(LeaseLostError, match="^outer loop 'loop_lost': this process lost"):
             run_outer_loop_sync(
                 world,
                 planner=proc.make_planner(),

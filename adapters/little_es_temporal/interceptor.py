@@ -129,7 +129,9 @@ class _LittleInbound(ActivityInboundInterceptor):
 @contextlib.contextmanager
 def _step_lease(world: World, run_id: str, step_path: str) -> Iterator[None]:
     try:
-        lease = world.run_lease(step_lease_id(run_id, step_path))
+        lease = world.run_lease(
+            step_lease_id(run_id, step_path), what=f"step {step_path!r} of run {run_id!r}"
+        )
         lease.__enter__()
     except ConcurrentRunError as exc:
         raise StepBusyError(

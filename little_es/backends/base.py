@@ -351,10 +351,14 @@ class Lease:
     step, model call and tool call, and before each append.
     """
 
-    __slots__ = ("_lost", "_released", "run_id")
+    __slots__ = ("_lost", "_released", "run_id", "what")
 
-    def __init__(self, run_id: str, lost: Callable[[], str | None]) -> None:
+    def __init__(
+        self, run_id: str, lost: Callable[[], str | None], what: str | None = None
+    ) -> None:
         self.run_id = run_id
+        self.what = what or f"run {run_id!r}"
+        """What holds it, as its errors name it (``run 'x'``, ``outer loop 'y'``)."""
         self._lost = lost
         self._released = False
 
@@ -363,7 +367,7 @@ class Lease:
         reason = "it was released by its holder" if self._released else self._lost()
         if reason is not None:
             raise LeaseLostError(
-                f"run {self.run_id!r}: this process lost its lease ({reason}) and stopped"
+                f"{self.what}: this process lost its lease ({reason}) and stopped"
                 " before running anything more; another process may be driving the run:"
                 " resume it (in one process) once that one has stopped"
             )
@@ -415,8 +419,10 @@ class RunLeases(ABC):
             ) from exc
 
     @contextlib.contextmanager
-    def hold(self, run_id: str) -> Iterator[Lease]:
+    def hold(self, run_id: str, *, what: str | None = None) -> Iterator[Lease]:
         """Hold the lease on ``run_id`` for the ``with`` block, or raise ConcurrentRunError.
+
+        ``what`` names the holder in the errors of a lost lease (default ``run 'run_id'``).
 
         Inside the block, :func:`check_leases` checks it: in this context and
         what copies it (asyncio tasks, ``asyncio.to_thread``), not in a plain
@@ -426,7 +432,7 @@ class RunLeases(ABC):
             token = self._acquire(run_stream_id(run_id))
         if token is None:
             raise _refused(run_id)
-        lease = Lease(run_id, functools.partial(self._lost, token))
+        lease = Lease(run_id, functools.partial(self._lost, token), what)
         _GUARDING.set((*_GUARDING.get(), lease))
         try:
             yield lease
