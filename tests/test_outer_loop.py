@@ -384,7 +384,7 @@ def test_a_driver_that_lost_the_loops_lease_records_nothing_more(tmp_path: Path)
 
     with local_world(tmp_path / "w") as world:
         # Named as the loop, not as its lease's key (a run id of its own).
-        with pytest.raises(LeaseLostError, match="^outer loop 'loop_lost': this process lost"):
+        with pytest.raises(LeaseLostError, match=r"^outer loop 'loop_lost': this process lost"):
             run_outer_loop_sync(
                 world,
                 planner=proc.make_planner(),

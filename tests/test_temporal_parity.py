@@ -217,6 +217,35 @@ SPENDING = Workflow(
 )
 
 
+def _stop_or_fail(request: ModelRequest) -> ModelResponse:
+    # Branch "a_stop" spends its step's budget of one call at its second; branch "b_fail"
+    # fails for good at its first.
+    first = next(m.content for m in request.messages if m.role == "user")
+    if first == "b_fail":
+        raise ModelError("400: refused", retryable=False, provider="p", status=400)
+    turn = sum(1 for m in request.messages if m.role == "assistant")
+    call = ToolCall(id=f"p{turn}", name="_pause", arguments={"seconds": 0.0})
+    return ModelResponse(tool_calls=(call,), usage=Usage(input_tokens=1), provider="p", model="m")
+
+
+STOP_OR_FAIL = Workflow(
+    "stop_or_fail",
+    steps=[
+        parallel(
+            "g",
+            branches=lambda ctx: ["a_stop", "b_fail"],
+            step=agent(
+                "one",
+                model=ScriptedModel(respond=_stop_or_fail),
+                prompt=lambda ctx: ctx.branch_key,
+                tools=[_pause],
+                budget=Budget(model_calls=1),
+            ),
+        )
+    ],
+)
+
+
 @asynccontextmanager
 async def _engine(client: Client, world: World, name: str) -> AsyncIterator[Any]:
     """The keyword arguments that run a loop on ``name``, with a worker while needed."""
@@ -233,6 +262,7 @@ async def _engine(client: Client, world: World, name: str) -> AsyncIterator[Any]
         SELF_CANCELLING,
         RATE_LIMITED,
         SPENDING,
+        STOP_OR_FAIL,
     ]
     async with create_worker(client, world, workflows=workflows, task_queue=queue):
         yield {"engine": TemporalEngine(client, task_queue=queue), "queue": queue}
@@ -487,3 +517,20 @@ async def test_a_budget_one_branch_spent_stops_the_others_at_their_next_call(
     assert state.status == "budget_exceeded"
     # The fast branch's four, and at most the one the slow branch had in flight.
     assert state.usage.calls <= 5, state.usage.calls
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_branch_out_of_retries_fails_the_run_though_another_stopped_first_in_key_order(
+    client: Client, tmp_path: Path, engine: str
+) -> None:
+    # On Temporal the first error in key order ended the group: the stop, so the run never
+    # recorded the other branch's failure, as the local engine does.
+    with local_world(tmp_path / "world") as world:
+        async with _engine(client, world, engine) as kw:
+            with pytest.raises((RunFailedError, WorkflowFailureError)):
+                await _drive(client, world, kw, STOP_OR_FAIL, "run_stop_or_fail")
+        state = replay_run(world, "run_stop_or_fail").state
+        failed = [e for e in world.read_run_log("run_stop_or_fail") if isinstance(e, RunFailed)]
+    assert state.status == "failed" and state.failed_step_path == "g[b_fail]/one"
+    assert len(failed) == 1
+    assert state.steps["g[a_stop]/one"].status == "running"

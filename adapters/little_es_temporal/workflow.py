@@ -95,6 +95,7 @@ __all__ = [
     "BRANCH_REFUSAL_PATCH",
     "BUDGET_SUB_RUN_PATCH",
     "CHILD_REFUSAL_PATCH",
+    "GAVE_UP_FIRST_PATCH",
     "RUN_SUB_RUN_LIMIT_PATCH",
     "STOP_ENDS_WAITS_PATCH",
     "SUBWORKFLOW_PATCH",
@@ -189,6 +190,11 @@ another branch ended the group with an error (a budget, a cancel, a wait's timeo
 run out), and end with that error, as locally (asked only then, as
 :data:`BRANCH_REFUSAL_PATCH` is; before it they waited on for their signal)."""
 
+GAVE_UP_FIRST_PATCH = "little_es.gave-up-branch-first"
+"""The patch id of a parallel group that ends with a branch out of retries rather than with
+another branch's stop (a budget, a cancel) before it in key order, as locally: the run then
+records ``RunFailed``. Asked only when two branches or more failed."""
+
 _CHILD_FIELDS = {"workflow_id", "workflow_version", "ir_hash", "input", "input_ref"}
 """What a child run's :class:`RunInput` takes from the :class:`SubRunPlan` as it is."""
 
@@ -197,6 +203,13 @@ class _GaveUpError(Exception):
     def __init__(self, step_path: str, message: str) -> None:
         super().__init__(message)
         self.step_path = step_path
+
+
+def _gave_up_first(error: BaseException) -> int:
+    # gather_branches' rank, asked only when two branches or more failed: a branch out of
+    # retries before another's stop, as locally, so the run records its failure (or a
+    # resume would run the branch again). Histories from before took the first in key order.
+    return 0 if isinstance(error, _GaveUpError) and workflow.patched(GAVE_UP_FIRST_PATCH) else 1
 
 
 def _gave_up(error: BaseException) -> bool:
@@ -522,6 +535,7 @@ class LittleRunWorkflow:
             step.max_concurrency,
             branch,
             stops_all=_refusal_cancels_branches,
+            rank=_gave_up_first,
         )
         done: StepDone = await self._bookkeeping(
             COMPLETE_GROUP, StepInput(run_id=self._run_id, step_path=path), StepDone

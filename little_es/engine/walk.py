@@ -160,5 +160,6 @@ async def gather_branches(
         raise stopping[0]
     errors = [result for result in results if isinstance(result, BaseException)]
     if errors:
-        raise min(errors, key=rank)  # min keeps the first of equal rank
+        # min keeps the first of equal rank; one error is raised without asking its rank.
+        raise errors[0] if len(errors) == 1 else min(errors, key=rank)
     return list(results)  # type: ignore[arg-type]
