@@ -208,8 +208,11 @@ def diff_runs(world: World, run_a: str, run_b: str) -> RunDiff:
                 step_path=path,
                 status_a=a.status if a is not None else None,
                 status_b=b.status if b is not None else None,
-                output_changes=tuple(
-                    json_diff(_output(world, state_a, path), _output(world, state_b, path))
+                # A step only one run has differs by its status, not as an output of null.
+                output_changes=(
+                    tuple(json_diff(_output(world, state_a, path), _output(world, state_b, path)))
+                    if a is not None and b is not None
+                    else ()
                 ),
                 usage_a=a.usage if a is not None else UsageTotals(),
                 usage_b=b.usage if b is not None else UsageTotals(),

@@ -464,6 +464,21 @@ def test_diff_of_two_runs_of_one_workflow(world: World) -> None:
     assert "3 of 3 steps differ" in text and '$.topic: "cats" → "dogs"' in text
 
 
+def test_a_step_only_one_run_has_differs_by_its_status_not_as_a_null_output(
+    world: World,
+) -> None:
+    longer = Workflow("longer", steps=[task("a", lambda ctx: 1), task("b", lambda ctx: "x")])
+    shorter = Workflow("shorter", steps=[task("a", lambda ctx: 1)])
+    _run(world, longer, "run_long", {})
+    _run(world, shorter, "run_short", {})
+    step = {s.step_path: s for s in diff_runs(world, "run_long", "run_short").steps}["b"]
+    assert (step.status_a, step.status_b, step.output_changes) == ("completed", None, ())
+    assert not step.same
+    out = Console(width=160, record=True)
+    render_diff(diff_runs(world, "run_long", "run_short"), out)
+    assert "null" not in out.export_text()
+
+
 def test_little_diff_and_little_cancel_on_the_command_line(
     world: World, world_spec: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
