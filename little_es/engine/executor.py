@@ -110,7 +110,7 @@ from little_es.errors import (
 from little_es.events import BudgetExceeded, Event, utc_now
 from little_es.harness.guard import CallGuard, guarding
 from little_es.harness.session import run_agent_session
-from little_es.ids import session_stream_id
+from little_es.ids import run_stream_id, session_stream_id
 from little_es.logging import get_logger
 from little_es.materialize import COUNTED_ONLY, RunFold, StepFold, dollars, picodollars
 from little_es.totals import run_tree_totals
@@ -385,7 +385,8 @@ def timed_out_error(run_id: str, fold: RunFold) -> WaitTimedOutError:
 def budget_stop_error(world: World, run_id: str) -> BudgetExceededError:
     """The :class:`~little_es.errors.BudgetExceededError` of a run whose log says it is out
     of budget: its last ``BudgetExceeded``, as the driver that stopped raised it."""
-    stops = [e for e in world.read_run_log(run_id) if isinstance(e, BudgetExceeded)]
+    # The run's own stream holds it: its sessions' streams need not be read.
+    stops = [e for e in world.read_stream(run_stream_id(run_id)) if isinstance(e, BudgetExceeded)]
     if not stops:
         raise RunStateError(f"run {run_id!r} is out of budget but its log holds no BudgetExceeded")
     stop = stops[-1]
